@@ -1,0 +1,34 @@
+# One venv, CPU torch first (an unpinned torch would pull a multi-GB CUDA build).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ALGO ?= so_grpo
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: install test test-fast bench lint demo clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,dense]'
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not e2e and not slow"
+
+bench: install
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+lint: install
+	$(BIN)/ruff check sorl_verl reward_fns data_prep tests benchmarks
+
+demo: install
+	bash examples/quickstart/run_demo.sh $(ALGO)
+
+clean:
+	rm -rf $(VENV) *.egg-info build dist

@@ -1,0 +1,53 @@
+"""sorl-verl: SORL (arXiv 2511.20718) algorithms and Search-R1 pipelines as a verl plugin.
+
+Install CPU torch first (``pip install torch==2.13.0``) or your cluster's CUDA torch: we
+declare only a range so that pip never swaps an installed torch for another build.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sorl-verl",
+    version="0.1.0",
+    description="Stabilizing Off-Policy RL for long-horizon LLM agents (SORL / ST-PPO) on verl",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["sorl_verl", "sorl_verl.*", "reward_fns", "reward_fns.*", "data_prep", "data_prep.*"]),
+    include_package_data=True,
+    package_data={"sorl_verl": ["data/*", "data/**/*", "config/*.yaml"]},
+    install_requires=[
+        # verl-core brings the agent loop and trainer's own imports (cachetools, uvicorn, ...).
+        "verl[verl-core]>=0.9.1,<0.10",
+        "torch>=2.6",
+        "transformers>=4.51,<5.11",
+        "tokenizers>=0.21",
+        "ray[default]>=2.40",
+        "omegaconf>=2.3",
+        "hydra-core>=1.3",
+        "pandas>=2.0",
+        "pyarrow>=15",
+        "numpy>=1.26",
+        "bm25s>=0.2.6",
+        "PyStemmer>=2.2",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "httpx>=0.27",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "gpu": ["vllm>=0.10", "flash-attn>=2.7"],
+        "dense": ["faiss-cpu>=1.8", "sentence-transformers>=3.0"],
+        "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
+    },
+    entry_points={
+        # verl imports every module of this group on `import verl`, in every process,
+        # so registration at import time reaches the Ray workers too.
+        "verl.plugins": ["sorl_verl = sorl_verl.plugin"],
+        "console_scripts": [
+            "sorl-index = sorl_verl.retrieval.build:main",
+            "sorl-retriever = sorl_verl.retrieval.server:main",
+        ],
+    },
+)
