@@ -1,0 +1,131 @@
+"""BM25 retriever on ``bm25s`` (the embedded default: pure Python + numpy, no JVM).
+
+Search-R1 uses Pyserini's Lucene BM25 for its sparse baseline; we keep Lucene's scoring
+variant (``bm25s`` method ``"lucene"``, k1=0.9, b=0.4 as Pyserini's defaults) but not its
+analyzer: text is lower-cased, split on ``\\b\\w\\w+\\b``, English stopwords removed and
+Snowball-stemmed (PyStemmer). That choice is ours.
+
+Index files (inside the index folder, next to ``meta.json`` and ``docs.jsonl``)::
+
+    bm25/         bm25s's own ``BM25.save`` output: CSC score arrays, vocabulary, parameters
+
+Queries are tokenized here, by a pure function of the saved vocabulary, instead of through a
+``bm25s.tokenization.Tokenizer``: the Tokenizer memoises every word it sees, so in a
+long-running server it would grow without bound and mutate shared state across threads.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import Stemmer
+
+from sorl_verl.retrieval.store import make_hits, read_docs
+
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+DEFAULT_K1 = 0.9
+DEFAULT_B = 0.4
+
+
+def _stopwords(name: str | None) -> frozenset[str]:
+    if not name:
+        return frozenset()
+    return frozenset(bm25s.tokenization._infer_stopwords(name))
+
+
+def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Row indices of the ``k`` largest scores, best first; ties broken by lower row.
+
+    scores: ``(num_docs,)``. Returns ``(min(k, num_docs),)`` int64.
+    """
+    k = min(k, scores.shape[0])
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    candidates = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+    order = np.lexsort((candidates, -scores[candidates]))
+    return candidates[order]
+
+
+class BM25Retriever:
+    """In-process BM25 search over an index folder (see :func:`build_bm25`).
+
+    ``search`` returns only documents sharing at least one term with the query, so a query
+    of stopwords or unknown words gets ``[]`` (as Pyserini's BM25 in Search-R1 does), and a
+    query may get fewer than ``topk`` hits.
+    """
+
+    method = "bm25"
+
+    def __init__(self, index_dir: str | Path, meta: dict, mmap: bool = False):
+        index_dir = Path(index_dir)
+        self.index_dir = index_dir
+        self.meta = meta
+        self._bm25 = bm25s.BM25.load(str(index_dir / "bm25"), mmap=mmap, load_corpus=False)
+        self._vocab: dict[str, int] = self._bm25.vocab_dict
+        self._ids, self._contents = read_docs(index_dir, meta["num_docs"])
+        tok = meta["tokenizer"]
+        self._split = re.compile(tok["pattern"]).findall
+        self._lower = tok["lower"]
+        self._stopwords = _stopwords(tok["stopwords"])
+        self._stemmer_language = tok["stemmer"]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Vocabulary ids of a query's stemmed, non-stopword tokens (unknown ones dropped)."""
+        words = self._split(query.lower() if self._lower else query)
+        words = [w for w in words if w not in self._stopwords]
+        if self._stemmer_language:
+            # A Stemmer object is not thread-safe, and it is cheap to create.
+            words = Stemmer.Stemmer(self._stemmer_language).stemWords(words)
+        return [self._vocab[w] for w in words if w in self._vocab and w != ""]
+
+    def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
+        if topk <= 0:
+            raise ValueError(f"topk must be positive, got {topk}")
+        results = []
+        for query in queries:
+            token_ids = self.query_token_ids(query)
+            if not token_ids:
+                results.append([])
+                continue
+            scores = self._bm25.get_scores_from_ids(token_ids)
+            rows = top_k_rows(scores, topk)
+            row_scores = scores[rows]
+            keep = row_scores > 0
+            results.append(make_hits(self._ids, self._contents, rows[keep], row_scores[keep]))
+        return results
+
+
+def build_bm25(
+    contents: list[str],
+    out_dir: Path,
+    k1: float = DEFAULT_K1,
+    b: float = DEFAULT_B,
+    stemmer: str | None = "english",
+    stopwords: str | None = "en",
+    show_progress: bool = True,
+) -> dict:
+    """Write the BM25 files for ``contents`` (index order) into ``out_dir``; return meta fields."""
+    tokenizer = bm25s.tokenization.Tokenizer(
+        lower=True,
+        splitter=TOKEN_PATTERN,
+        stopwords=stopwords or [],
+        stemmer=Stemmer.Stemmer(stemmer) if stemmer else None,
+    )
+    tokens = tokenizer.tokenize(contents, return_as="tuple", show_progress=show_progress)
+    model = bm25s.BM25(k1=k1, b=b, method="lucene")
+    model.index(tokens, show_progress=show_progress)
+    model.save(str(out_dir / "bm25"), show_progress=False)
+    return {
+        "bm25": {"k1": k1, "b": b, "variant": "lucene", "vocab_size": len(model.vocab_dict)},
+        "tokenizer": {"pattern": TOKEN_PATTERN, "lower": True, "stopwords": stopwords, "stemmer": stemmer},
+    }
+
+
+def load_bm25(index_dir: str | Path, meta: dict) -> BM25Retriever:
+    return BM25Retriever(index_dir, meta)
