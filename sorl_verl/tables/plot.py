@@ -1,0 +1,105 @@
+"""Curves of several runs in one PNG: validation score vs step, then training-stability metrics.
+
+The first panel is each run's mean validation score over its datasets at every validation
+step that covers all of them (the quantity ``--select best`` maximizes). The other panels
+are the stability diagnostics the paper discusses (clipping-bias norm, clip fractions,
+gradient norm), each drawn only when some run logged it. Which names are looked for is
+:data:`STABILITY_PANELS`; a panel takes the first pattern any run matches.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from sorl_verl.tables.runs import Run
+
+# (panel title, metric-name patterns in order of preference). verl's own names are
+# actor/pg_clipfrac, actor/grad_norm and actor/ppo_kl; the actor/sorl/* names are those of
+# sorl_verl.algos' diagnostics.
+STABILITY_PANELS: list[tuple[str, list[str]]] = [
+    ("Clipping-bias norm", [r"actor/sorl/clip_bias_norm", r"actor/sorl/c_norm"]),
+    ("Normalization scale", [r"actor/sorl/norm_scale", r"actor/sorl/scale"]),
+    ("Token clip fraction", [r"actor/sorl/token_clipfrac", r"actor/pg_clipfrac"]),
+    ("Turn clip fraction", [r"actor/sorl/turn_clipfrac"]),
+    ("Actor gradient norm", [r"actor/grad_norm"]),
+    ("Approx. KL to rollout policy", [r"actor/ppo_kl"]),
+]
+
+
+def run_label(run: Run) -> str:
+    return f"{run.model} {run.method}"
+
+
+def mean_validation_curve(run: Run) -> tuple[list[int], list[float]]:
+    """(steps, mean score over the run's datasets) at the steps that validated all of them."""
+    sources = list(run.validation.values())
+    steps = sorted(set.intersection(*(set(s) for s in sources))) if sources else []
+    return steps, [sum(s[step] for s in sources) / len(sources) for step in steps]
+
+
+def _metric_for_panel(runs: list[Run], patterns: list[str]) -> str | None:
+    names = {name for run in runs for metrics in run.steps.values() for name in metrics}
+    for pattern in patterns:
+        hits = sorted(n for n in names if re.fullmatch(pattern, n))
+        if hits:
+            return hits[0]
+    return None
+
+
+def plot_runs(runs: list[Run], out: str | Path) -> list[str]:
+    """Write the PNG (atomically) and return the titles of the panels drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: list[tuple[str, str | None]] = [("Validation score (mean over datasets)", None)]
+    for title, patterns in STABILITY_PANELS:
+        metric = _metric_for_panel(runs, patterns)
+        if metric is not None:
+            panels.append((f"{title}\n{metric}", metric))
+
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, metric) in zip(axes.flat, panels, strict=False):
+        for i, run in enumerate(runs):
+            xs, ys = mean_validation_curve(run) if metric is None else run.series(metric)
+            if xs:
+                # Few validation points: markers make each one visible; dense training curves: lines only.
+                marker = "o" if len(xs) <= 30 else None
+                ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1.4, color=colors[i % len(colors)], label=run_label(run))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    spare = list(axes.flat)[len(panels) :]
+    for ax in spare:
+        ax.axis("off")
+    handles, labels = [], []
+    for ax in axes.flat:
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            break
+    if handles and spare:
+        # An unused grid cell holds the legend, so it never crowds the curves.
+        spare[0].legend(handles, labels, loc="center", fontsize=9, frameon=False)
+        fig.tight_layout()
+    elif handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=9, frameon=False)
+        fig.tight_layout(rect=(0, 0.05 * math.ceil(len(labels) / 4) + 0.01, 1, 1))
+    else:
+        fig.tight_layout()
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format="png")
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return [t for t, _ in panels]
