@@ -1,0 +1,214 @@
+"""Row format, input readers with located errors, deterministic subsets, atomic parquet writes, CLI plumbing.
+
+Every family writes the same parquet schema (:data:`SCHEMA`), because verl concatenates its
+``data.train_files`` with ``datasets.concatenate_datasets``, which refuses files whose columns or
+nested fields differ: one schema is what lets a run mix QA, medical and math rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("agent_name", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        (
+            "reward_model",
+            pa.struct([("style", pa.string()), ("ground_truth", pa.struct([("target", pa.list_(pa.string()))]))]),
+        ),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("split", pa.string()),
+                    ("index", pa.int64()),
+                    ("question", pa.string()),  # the raw question / problem
+                    ("retrieval_query", pa.string()),  # what a one-shot retriever should search: the question only
+                    ("choices", pa.list_(pa.string())),  # option texts in letter order; empty when not multiple choice
+                    ("source_id", pa.string()),  # the id in the source file ("" when it has none)
+                    ("subject", pa.string()),  # e.g. the MMLU subject; "" when none
+                ]
+            ),
+        ),
+    ]
+)
+SEARCH_AGENT = "search_r1"  # the agent loop registered by sorl_verl.agent
+SINGLE_TURN_AGENT = "single_turn_agent"  # verl's built-in one-turn loop
+
+
+class DataPrepError(ValueError):
+    """Bad input; the message names the file, the line (or entry) and the field."""
+
+
+def located(path: Path | str, where: str, field: str, problem: str) -> DataPrepError:
+    return DataPrepError(f"{path}: {where}: field '{field}': {problem}")
+
+
+def make_row(
+    *,
+    data_source: str,
+    agent_name: str,
+    content: str,
+    ability: str,
+    targets: Sequence[str],
+    split: str,
+    index: int,
+    question: str,
+    retrieval_query: str = "",
+    choices: Sequence[str] = (),
+    source_id: str = "",
+    subject: str = "",
+) -> dict:
+    """One verl row in our format: a single user message and a rule reward with ``{"target": [...]}``."""
+    return {
+        "data_source": data_source,
+        "agent_name": agent_name,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": {"target": [str(t) for t in targets]}},
+        "extra_info": {
+            "split": split,
+            "index": int(index),
+            "question": question,
+            "retrieval_query": retrieval_query,
+            "choices": [str(c) for c in choices],
+            "source_id": str(source_id),
+            "subject": subject,
+        },
+    }
+
+
+def require_file(path: Path) -> Path:
+    if not path.is_file():
+        raise DataPrepError(f"{path}: file not found")
+    return path
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line; a malformed line raises naming the file and line."""
+    require_file(path)
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataPrepError(f"{path}: line {line_number}: malformed JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise DataPrepError(f"{path}: line {line_number}: expected a JSON object, got {type(record).__name__}")
+            yield line_number, record
+
+
+def read_json(path: Path):
+    require_file(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        raise DataPrepError(f"{path}: line {error.lineno}: malformed JSON ({error.msg})") from None
+
+
+def read_csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line number where the record starts, fields)``; quoted fields may span lines."""
+    require_file(path)
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        start = 1
+        try:
+            for fields in reader:
+                yield start, fields
+                start = reader.line_num + 1
+        except csv.Error as error:
+            raise DataPrepError(f"{path}: line {start}: malformed CSV ({error})") from None
+
+
+def read_parquet_records(path: Path) -> list[dict]:
+    require_file(path)
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise DataPrepError(f"{path}: not a readable parquet file ({error})") from None
+
+
+def read_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """``(location, record)`` from a ``.parquet`` or ``.jsonl``/``.json`` (JSON lines) file."""
+    if path.suffix == ".parquet":
+        for row_number, record in enumerate(read_parquet_records(path)):
+            yield f"row {row_number}", record
+    else:
+        for line_number, record in read_jsonl(path):
+            yield f"line {line_number}", record
+
+
+def required_text(record: dict, field: str, path: Path, where: str) -> str:
+    """A non-empty string field, else a located error."""
+    if field not in record or record[field] is None:
+        raise located(path, where, field, "missing")
+    value = record[field]
+    if not isinstance(value, str):
+        raise located(path, where, field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise located(path, where, field, "empty")
+    return value
+
+
+def select_indices(total: int, limit: int | None = None, sample: int | None = None, seed: int = 0) -> list[int]:
+    """Which rows to keep: all, the first ``limit``, or ``sample`` drawn without replacement with ``seed``
+    (kept in file order). The same arguments always give the same rows."""
+    if limit is not None and sample is not None:
+        raise DataPrepError("--limit and --sample exclude each other")
+    if limit is not None:
+        return list(range(min(max(limit, 0), total)))
+    if sample is not None:
+        return sorted(random.Random(seed).sample(range(total), min(max(sample, 0), total)))
+    return list(range(total))
+
+
+def write_parquet_atomic(rows: list[dict], output: Path) -> Path:
+    """Write ``rows`` with :data:`SCHEMA` to a temp file beside ``output``, then rename it over ``output``.
+
+    A failure (bad row, full disk, interrupt) leaves no partial file, and an existing ``output`` untouched.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    handle, temp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    os.close(handle)
+    try:
+        pq.write_table(table, temp_name)
+        os.replace(temp_name, output)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    return output
+
+
+def add_subset_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("quick runs (applied to each data set separately)")
+    group.add_argument("--limit", type=int, default=None, metavar="N", help="keep the first N rows")
+    group.add_argument("--sample", type=int, default=None, metavar="N", help="keep N random rows (see --seed)")
+    group.add_argument("--seed", type=int, default=0, help="seed for --sample (default: 0)")
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a CLI entry point; bad input prints one ``error:`` line to stderr and exits 2."""
+    try:
+        return main(argv)
+    except DataPrepError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,206 @@
+"""MIRAGE's medical multiple-choice sets to verl parquet: MedQA-US, MedMCQA (dev), PubMedQA*, MMLU-Med.
+
+The benchmark is MIRAGE's (Xiong et al., 2024): zero-shot multiple choice, retrieval with the question
+only (never the options), accuracy. Each row's prompt renders the options (:data:`data_prep.templates.MEDICAL`,
+our template), ``extra_info.retrieval_query`` is the question alone, ``extra_info.choices`` the option
+texts, and the gold is a letter: ``ground_truth={"target": ["B"]}``; ``ability="medical-mcqa"``.
+
+Raw files, as MIRAGE ships them (``--mirage-dir`` holds these sub-folders):
+
+============  =====================================  ==================================================
+data_source   file                                   fields
+============  =====================================  ==================================================
+medqa         ``medqa/US_4options_test.jsonl``       ``question``, ``options{A..D}``, ``answer_idx``
+medmcqa       ``medmcqa/dev.json`` (JSON lines)      ``question``, ``opa..opd``, ``cop`` (1-based)
+pubmedqa      ``pubmedqa/test_set.json``             ``{pmid: {QUESTION, final_decision}}``;
+                                                     contexts dropped (PubMedQA*); A=yes, B=no, C=maybe
+mmlu_med      ``mmlu_med/{subject}_test.csv``        no header: question, A, B, C, D, answer letter;
+                                                     the six subjects in :data:`MMLU_MED_SUBJECTS`
+============  =====================================  ==================================================
+
+The PubMedQA* letter mapping (A=yes, B=no, C=maybe) is MIRAGE's. ``mmlu_med`` rows carry their subject
+in ``extra_info.subject``.
+
+Example::
+
+    python -m data_prep.medical --mirage-dir ../shared/data/mirage --output-dir data/medical
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from data_prep._common import (
+    SEARCH_AGENT,
+    DataPrepError,
+    add_subset_args,
+    located,
+    make_row,
+    read_csv_rows,
+    read_json,
+    read_jsonl,
+    required_text,
+    run_cli,
+    select_indices,
+    write_parquet_atomic,
+)
+from data_prep.templates import render_medical
+
+ABILITY = "medical-mcqa"
+LETTERS = "ABCD"
+PUBMEDQA_LETTERS = {"yes": "A", "no": "B", "maybe": "C"}
+MMLU_MED_SUBJECTS = (
+    "anatomy",
+    "clinical_knowledge",
+    "college_biology",
+    "college_medicine",
+    "medical_genetics",
+    "professional_medicine",
+)
+DATASETS = ("medqa", "medmcqa", "pubmedqa", "mmlu_med")
+SPLITS = {"medqa": "test", "medmcqa": "dev", "pubmedqa": "test", "mmlu_med": "test"}
+
+# One parsed question: (question, option texts in letter order, gold letter, source id, subject).
+Item = tuple[str, list[str], str, str, str]
+
+
+def read_medqa(path: Path) -> Iterator[Item]:
+    for line_number, record in read_jsonl(path):
+        where = f"line {line_number}"
+        question = required_text(record, "question", path, where)
+        options = record.get("options")
+        if not isinstance(options, dict) or not options:
+            raise located(path, where, "options", "missing or not an object of letter -> text")
+        letters = sorted(options)
+        if "".join(letters) != "ABCDEFGHIJ"[: len(letters)]:
+            raise located(path, where, "options", f"letters {letters} are not A, B, C, ...")
+        choices = [required_text(options, letter, path, where + " options") for letter in letters]
+        answer = record.get("answer_idx")
+        if answer not in options:
+            raise located(path, where, "answer_idx", f"{answer!r} is not one of the options {letters}")
+        yield question, choices, answer, "", ""
+
+
+def read_medmcqa(path: Path) -> Iterator[Item]:
+    for line_number, record in read_jsonl(path):
+        where = f"line {line_number}"
+        question = required_text(record, "question", path, where)
+        choices = []
+        for field in ("opa", "opb", "opc", "opd"):
+            if field not in record or record[field] is None:
+                raise located(path, where, field, "missing")
+            choices.append(str(record[field]))
+        cop = record.get("cop")
+        if not isinstance(cop, int) or isinstance(cop, bool) or not 1 <= cop <= 4:
+            raise located(path, where, "cop", f"answer index {cop!r} out of range 1..4")
+        yield question, choices, LETTERS[cop - 1], str(record.get("id", "")), str(record.get("subject_name") or "")
+
+
+def read_pubmedqa(path: Path) -> Iterator[Item]:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise DataPrepError(f"{path}: expected an object {{pmid: entry}}, got {type(data).__name__}")
+    choices = list(PUBMEDQA_LETTERS)  # yes, no, maybe
+    for pmid, record in data.items():
+        where = f"entry {pmid}"
+        if not isinstance(record, dict):
+            raise located(path, where, "QUESTION", "entry is not an object")
+        question = required_text(record, "QUESTION", path, where)
+        decision = record.get("final_decision")
+        if decision not in PUBMEDQA_LETTERS:
+            raise located(path, where, "final_decision", f"{decision!r} is not yes/no/maybe")
+        yield question, choices, PUBMEDQA_LETTERS[decision], str(pmid), ""
+
+
+def read_mmlu_subject(path: Path, subject: str) -> Iterator[Item]:
+    for line_number, fields in read_csv_rows(path):
+        where = f"line {line_number}"
+        if len(fields) != 6:
+            raise located(path, where, "columns", f"expected 6 (question, A, B, C, D, answer), got {len(fields)}")
+        question, *choices, answer = fields
+        if not question.strip():
+            raise located(path, where, "question", "empty")
+        if answer.strip() not in LETTERS:
+            raise located(path, where, "answer", f"{answer!r} is not one of A, B, C, D")
+        yield question, choices, answer.strip(), "", subject
+
+
+def read_dataset(name: str, mirage_dir: Path) -> list[Item]:
+    if name == "medqa":
+        return list(read_medqa(mirage_dir / "medqa" / "US_4options_test.jsonl"))
+    if name == "medmcqa":
+        return list(read_medmcqa(mirage_dir / "medmcqa" / "dev.json"))
+    if name == "pubmedqa":
+        return list(read_pubmedqa(mirage_dir / "pubmedqa" / "test_set.json"))
+    if name == "mmlu_med":
+        return [
+            item
+            for subject in MMLU_MED_SUBJECTS
+            for item in read_mmlu_subject(mirage_dir / "mmlu_med" / f"{subject}_test.csv", subject)
+        ]
+    raise DataPrepError(f"unknown medical data set {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def convert(
+    name: str,
+    mirage_dir: Path,
+    agent_name: str = SEARCH_AGENT,
+    limit: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+) -> list[dict]:
+    """Rows of one MIRAGE data set."""
+    items = read_dataset(name, Path(mirage_dir))
+    rows = []
+    for index, position in enumerate(tqdm(select_indices(len(items), limit, sample, seed), desc=name, leave=False)):
+        question, choices, letter, source_id, subject = items[position]
+        rows.append(
+            make_row(
+                data_source=name,
+                agent_name=agent_name,
+                content=render_medical(question, choices),
+                ability=ABILITY,
+                targets=[letter],
+                split=SPLITS[name],
+                index=index,
+                question=question.strip(),
+                retrieval_query=question.strip(),
+                choices=choices,
+                source_id=source_id,
+                subject=subject,
+            )
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m data_prep.medical",
+        description="MIRAGE medical multiple choice (MedQA, MedMCQA, PubMedQA*, MMLU-Med) -> verl parquet, "
+        "one file per data set: OUTPUT_DIR/<name>.parquet.",
+    )
+    parser.add_argument("--mirage-dir", type=Path, required=True, help="folder with medqa/ medmcqa/ pubmedqa/ mmlu_med/")
+    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument(
+        "--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {','.join(DATASETS)} (default: all)"
+    )
+    parser.add_argument("--agent-name", default=SEARCH_AGENT, help=f"agent loop per row (default: {SEARCH_AGENT})")
+    add_subset_args(parser)
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.datasets.split(",") if name.strip()]
+    for name in names:
+        if name not in DATASETS:
+            raise DataPrepError(f"unknown medical data set {name!r}; choose from {', '.join(DATASETS)}")
+    for name in names:
+        rows = convert(name, args.mirage_dir, args.agent_name, args.limit, args.sample, args.seed)
+        output = write_parquet_atomic(rows, args.output_dir / f"{name}.parquet")
+        print(f"wrote {len(rows)} rows to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
