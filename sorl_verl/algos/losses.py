@@ -1,0 +1,405 @@
+"""SORL policy losses (arXiv 2511.20718; first version "ST-PPO"), registered into verl.
+
+Read top to bottom: importance ratio (token / turn / sequence level) -> PPO clip with verl's
+dual clip -> clipping-triggered normalization -> verl's ``agg_loss`` -> diagnostics.
+
+What is the paper's and what is our reading:
+
+* Paper (high confidence): the turn-level importance ratio ``w_k = exp(mean_{t in k}(log pi_t -
+  log pi_old_t))``, the geometric mean of the turn's token ratios, used in the PPO clip in place
+  of the token ratio; it is kept differentiable through the mean, so in the unclipped region the
+  gradient of turn k is ``w_k * (sum_{t in k} A_t / |k|) * grad log pi(turn k)`` (Lemma 4.1).
+  The variants Turn-PPO (turn ratio), S-PPO (token ratio + normalization), ST-PPO (turn ratio +
+  normalization; later called SO-PPO) and SO-GRPO (SO-PPO with GRPO advantages).
+* Paper, exact equation not available to us: the update is normalized by the L2 norm of the
+  clipping-bias term ``C = sum_{clipped t} w_t A_t grad log pi_t``, and nothing changes when no
+  token is clipped. Our reading: work in log-prob space, each ``grad log pi_t`` a unit
+  direction, so ``C_norm = ||w_t A_t c_t||_2`` over clipped tokens and ``G_norm`` the same over
+  kept tokens, where ``c_t`` is the weight ``agg_loss`` gives token t (and the rollout-correction
+  weight when present). The loss is multiplied by a detached scale ``s``:
+
+  - ``relative`` (default): ``s = 1 / max(1, C_norm / G_norm)``,
+  - ``absolute``: ``s = 1 / max(1, C_norm / kappa)``,
+  - ``literal``: ``s = 1 / C_norm`` when anything is clipped (may enlarge steps; ablation only),
+  - ``none``: ``s = 1``;
+
+  ``s = 1`` in every mode when nothing is clipped. The norms are taken per sequence by default
+  (``norm_scope=sequence``, our choice: a loss call sees one micro-batch only, and per-trajectory
+  norms keep the loss independent of micro-batching and data parallelism, as verl's own losses
+  are); ``norm_scope=micro_batch`` takes them over the whole loss call.
+* Ours: a clipped token is one whose gradient the clip removes: ``A > 0`` and ``w > 1 + eps_high``,
+  ``A < 0`` and ``w < 1 - eps_low``, or ``A < 0`` and ``w > clip_ratio_c`` (verl's dual clip). The
+  log-ratio is clamped to ``[-20, 20]`` before ``exp`` as verl's ``vanilla`` does. The math runs
+  in float32 whatever the input dtype (bf16 turn means would lose the ratio's precision).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+
+from .config import SorlLossOptions, resolve_options
+from .turns import TurnSegments, segment_turns
+
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "METRIC_PREFIX",
+    "NUM_TURN_INDEX_METRICS",
+    "aggregation_weights",
+    "compute_policy_loss_s_ppo",
+    "compute_policy_loss_so_ppo",
+    "compute_policy_loss_st_ppo",
+    "compute_policy_loss_turn_ppo",
+    "importance_log_ratio",
+    "normalization_scale",
+    "sorl_policy_loss",
+]
+
+LOG_RATIO_CLAMP = 20.0
+METRIC_PREFIX = "actor/sorl/"
+NUM_TURN_INDEX_METRICS = 8
+_EPS = 1e-12
+
+
+def importance_log_ratio(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, segments: TurnSegments
+) -> torch.Tensor:
+    """Log importance ratio per token at the chosen level, differentiable.
+
+    Args:
+        log_ratio: ``(batch, response_len)`` float, ``log_prob - old_log_prob``.
+        response_mask: ``(batch, response_len)`` bool.
+        level: ``token`` (PPO), ``turn`` (mean over the token's turn) or ``sequence`` (mean over
+            the row's masked tokens).
+        segments: the turns of ``response_mask``.
+
+    Returns:
+        ``(batch, response_len)``; off-mask entries are 0 for ``turn``/``sequence``.
+    """
+    if level == "token":
+        return log_ratio
+    if level == "turn":
+        return segments.broadcast(segments.segment_mean(log_ratio))
+    if level == "sequence":
+        masked = torch.where(response_mask, log_ratio, torch.zeros_like(log_ratio))
+        lengths = response_mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        return (masked.sum(dim=-1, keepdim=True) / lengths).expand_as(log_ratio)
+    raise ValueError(f"unknown ratio level {level!r}")
+
+
+def aggregation_weights(
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: int | None = None,
+    global_batch_size: int | None = None,
+    loss_scale_factor: int | None = None,
+) -> torch.Tensor:
+    """Per-row weight ``c`` that verl's ``agg_loss`` gives each masked token: ``(batch,)`` float32.
+
+    ``agg_loss(loss_mat, mask, mode, **global_batch_info) == sum_t c_row(t) * loss_mat_t * mask_t``
+    (tested against verl). Divisions are guarded: an empty batch gives finite weights.
+    """
+    mask = response_mask.float()
+    row_tokens = mask.sum(dim=-1)
+    if loss_agg_mode == "token-mean":
+        total = row_tokens.sum() if batch_num_tokens is None else torch.tensor(float(batch_num_tokens))
+        return (dp_size / total.clamp(min=1.0)).expand_as(row_tokens).to(mask.device)
+    if loss_agg_mode == "token-sum":
+        return torch.full_like(row_tokens, float(dp_size))
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
+        if global_batch_size is None:
+            rows = (row_tokens > 0).float().sum().clamp(min=1.0)
+        else:
+            rows = torch.tensor(float(global_batch_size), device=mask.device).clamp(min=1.0)
+        weights = (dp_size / rows).expand_as(row_tokens)
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            weights = weights / float(loss_scale_factor if loss_scale_factor is not None else mask.shape[-1])
+        elif loss_agg_mode == "seq-mean-token-mean":
+            weights = weights / (row_tokens + 1e-8)
+        return weights
+    raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode!r} is not supported by agg_loss")
+
+
+def normalization_scale(
+    coefficients: torch.Tensor,
+    clipped: torch.Tensor,
+    kept: torch.Tensor,
+    mode: str,
+    kappa: float,
+    scope: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clipping-triggered normalization scale ``s`` (no gradient).
+
+    Args:
+        coefficients: ``(batch, response_len)`` float32, ``w_t * A_t * c_t`` (detached).
+        clipped: ``(batch, response_len)`` bool, masked tokens whose gradient the clip removed.
+        kept: ``(batch, response_len)`` bool, the other masked tokens.
+        mode: ``relative`` | ``absolute`` | ``literal`` | ``none``.
+        kappa: threshold of ``absolute``.
+        scope: ``sequence`` (one scale per row) or ``micro_batch`` (one for the call).
+
+    Returns:
+        ``(scale, c_norm, g_norm)``, each ``(batch,)``; with ``micro_batch`` scope the single value
+        is repeated over rows. ``scale`` is 1 wherever nothing is clipped, and finite always.
+    """
+    squared = coefficients.square()
+    zero = torch.zeros_like(squared)
+    c_sq = torch.where(clipped, squared, zero).sum(dim=-1)
+    g_sq = torch.where(kept, squared, zero).sum(dim=-1)
+    if scope == "micro_batch":
+        c_sq = c_sq.sum().expand_as(c_sq)
+        g_sq = g_sq.sum().expand_as(g_sq)
+    c_norm, g_norm = c_sq.sqrt(), g_sq.sqrt()
+    ones = torch.ones_like(c_norm)
+    if mode == "none":
+        return ones, c_norm, g_norm
+    if mode == "relative":
+        # 1 / max(1, C/G) == G / max(G, C); with G == 0 and C > 0 the kept part is empty: s = 0.
+        scale = g_norm / torch.maximum(g_norm, c_norm).clamp(min=_EPS)
+    elif mode == "absolute":
+        scale = kappa / torch.maximum(c_norm, torch.full_like(c_norm, kappa))
+    elif mode == "literal":
+        scale = 1.0 / c_norm.clamp(min=_EPS)
+    else:
+        raise ValueError(f"unknown normalization mode {mode!r}")
+    return torch.where(c_norm > 0, scale, ones), c_norm, g_norm
+
+
+def sorl_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    loss_name: str,
+    options: SorlLossOptions | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The SORL clipped surrogate with clipping-triggered normalization.
+
+    Args:
+        old_log_prob, log_prob, advantages: ``(batch, response_len)``; any float dtype.
+        response_mask: ``(batch, response_len)``, bool or 0/1.
+        loss_agg_mode: verl's aggregation mode, passed to ``agg_loss``.
+        config: the actor config (verl ``ActorConfig`` or a DictConfig): clip ratios,
+            ``policy_loss`` options, ``global_batch_info``.
+        rollout_is_weights: optional ``(batch, response_len)`` rollout-correction weights.
+        loss_name: which registered variant (its defaults apply to unset options).
+        options: resolved options; overrides what ``config`` says (tests and benchmarks).
+
+    Returns:
+        ``(loss, metrics)``: scalar loss (float32) and python floats under ``actor/sorl/...`` plus
+        verl's usual ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``.
+    """
+    opts = options if options is not None else resolve_options(loss_name, config)
+    global_batch_info = dict(_get_global_batch_info(config))
+    mask = response_mask.bool()
+    segments = segment_turns(mask)
+
+    token_log_ratio = log_prob.float() - old_log_prob.float()
+    log_w = importance_log_ratio(token_log_ratio, mask, opts.ratio_level, segments)
+    ratio = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+    adv = advantages.float()
+    surrogate = -adv * ratio
+    clipped_surrogate = torch.maximum(
+        surrogate, -adv * ratio.clamp(1.0 - opts.clip_ratio_low, 1.0 + opts.clip_ratio_high)
+    )
+    dual_clipped_surrogate = torch.minimum(clipped_surrogate, -adv * opts.clip_ratio_c)
+    pg_losses = torch.where(adv < 0, dual_clipped_surrogate, clipped_surrogate)
+
+    with torch.no_grad():
+        ratio_d = ratio.detach()
+        clipped_upper = mask & (adv > 0) & (ratio_d > 1.0 + opts.clip_ratio_high)
+        clipped_lower = mask & (adv < 0) & (ratio_d < 1.0 - opts.clip_ratio_low)
+        clipped_dual = mask & (adv < 0) & (ratio_d > opts.clip_ratio_c)
+        clipped = clipped_upper | clipped_lower | clipped_dual
+        kept = mask & ~clipped
+        row_weights = aggregation_weights(mask, loss_agg_mode, **global_batch_info)
+        coefficients = ratio_d * adv * row_weights[:, None]
+        if rollout_is_weights is not None:
+            coefficients = coefficients * rollout_is_weights.float()
+        scale, c_norm, g_norm = normalization_scale(
+            coefficients, clipped, kept, opts.normalization, opts.kappa, opts.norm_scope
+        )
+
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.float()
+    if opts.normalization != "none":
+        pg_losses = pg_losses * scale[:, None]
+    loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
+
+    metrics = _diagnostics(
+        segments, mask, token_log_ratio.detach(), clipped_upper, clipped_lower, clipped_dual, scale, c_norm, g_norm
+    )
+    return loss, metrics
+
+
+def _get_global_batch_info(config: Any) -> dict:
+    if config is None:
+        return {}
+    info = (
+        config.get("global_batch_info", None) if hasattr(config, "get") else getattr(config, "global_batch_info", None)
+    )
+    return info or {}
+
+
+@torch.no_grad()
+def _diagnostics(
+    segments: TurnSegments,
+    mask: torch.Tensor,
+    token_log_ratio: torch.Tensor,
+    clipped_upper: torch.Tensor,
+    clipped_lower: torch.Tensor,
+    clipped_dual: torch.Tensor,
+    scale: torch.Tensor,
+    c_norm: torch.Tensor,
+    g_norm: torch.Tensor,
+) -> dict[str, float]:
+    """Metrics of one loss call; every call returns the same keys (verl's dp reduction needs that).
+
+    Turn-level fractions are averaged over turns (each turn counts once, whatever its length).
+    ``clipfrac_turn_idx_k`` is the clipped-token fraction of the k-th turns of the rows, 0 when
+    no row has a k-th turn. ``turn_ratio_*`` is the turn-level ratio whatever level the loss uses.
+    """
+    num_tokens = mask.sum().clamp(min=1).float()
+    num_turns = max(segments.num_turns, 1)
+    rows_with_tokens = segments.turns_per_row > 0
+    num_rows = rows_with_tokens.sum().clamp(min=1).float()
+
+    clipped_any = (clipped_upper | clipped_lower | clipped_dual).float()
+    lengths = segments.turn_lengths.float()
+    turn_upper = segments.segment_sum(clipped_upper.float()) / lengths
+    turn_lower = segments.segment_sum(clipped_lower.float()) / lengths
+    turn_any = segments.segment_sum(clipped_any) / lengths
+    turn_log_ratio = segments.segment_mean(token_log_ratio.masked_fill(~mask, 0.0))
+    turn_ratio = torch.exp(turn_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+    bins = NUM_TURN_INDEX_METRICS
+    in_range = segments.turn_index < bins
+    bin_index = segments.turn_index.clamp(max=bins - 1)
+    by_index = lengths.new_zeros(2, bins)
+    by_index[0].index_add_(0, bin_index, turn_any * lengths * in_range)
+    by_index[1].index_add_(0, bin_index, lengths * in_range)
+    clipfrac_by_index = by_index[0] / by_index[1].clamp(min=1.0)
+
+    row_mask = rows_with_tokens.float()
+    has_turns = segments.num_turns > 0
+    values = torch.stack(
+        [
+            clipped_upper.sum() / num_tokens,
+            clipped_lower.sum() / num_tokens,
+            clipped_dual.sum() / num_tokens,
+            turn_upper.sum() / num_turns,
+            turn_lower.sum() / num_turns,
+            turn_any.sum() / num_turns,
+            (c_norm * row_mask).sum() / num_rows,
+            (g_norm * row_mask).sum() / num_rows,
+            (scale * row_mask).sum() / num_rows,
+            torch.where(rows_with_tokens, scale, torch.ones_like(scale)).min() if scale.numel() else scale.new_ones(()),
+            turn_ratio.mean() if has_turns else turn_ratio.new_ones(()),
+            turn_ratio.min() if has_turns else turn_ratio.new_ones(()),
+            turn_ratio.max() if has_turns else turn_ratio.new_ones(()),
+            segments.turns_per_row.float().sum() / num_rows,
+            -(token_log_ratio.masked_fill(~mask, 0.0).sum()) / num_tokens,
+        ]
+    )
+    values = torch.cat([values, clipfrac_by_index]).tolist()
+    names = [
+        "clipfrac_token_upper",
+        "clipfrac_token_lower",
+        "clipfrac_token_dual",
+        "clipfrac_turn_upper",
+        "clipfrac_turn_lower",
+        "clipfrac_turn",
+        "c_norm",
+        "g_norm",
+        "norm_scale",
+        "norm_scale_min",
+        "turn_ratio_mean",
+        "turn_ratio_min",
+        "turn_ratio_max",
+        "turns_per_seq",
+        "ppo_kl",
+    ] + [f"clipfrac_turn_idx_{k}" for k in range(1, bins + 1)]
+    metrics = {METRIC_PREFIX + name: value for name, value in zip(names, values, strict=True)}
+    # verl's usual keys, so dashboards built for vanilla PPO keep working.
+    metrics["actor/pg_clipfrac"] = (
+        metrics[METRIC_PREFIX + "clipfrac_token_upper"] + metrics[METRIC_PREFIX + "clipfrac_token_lower"]
+    )
+    metrics["actor/pg_clipfrac_lower"] = metrics[METRIC_PREFIX + "clipfrac_token_dual"]
+    metrics["actor/ppo_kl"] = metrics.pop(METRIC_PREFIX + "ppo_kl")
+    return metrics
+
+
+@register_policy_loss("turn_ppo")
+def compute_policy_loss_turn_ppo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """Turn-PPO: PPO clip on the turn-level ratio, no normalization (paper's variant)."""
+    return sorl_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        config,
+        rollout_is_weights,
+        loss_name="turn_ppo",
+    )
+
+
+@register_policy_loss("s_ppo")
+def compute_policy_loss_s_ppo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """S-PPO: token-level ratio + clipping-triggered normalization (paper's variant)."""
+    return sorl_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        config,
+        rollout_is_weights,
+        loss_name="s_ppo",
+    )
+
+
+@register_policy_loss("st_ppo")
+def compute_policy_loss_st_ppo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """ST-PPO: turn-level ratio + clipping-triggered normalization (paper's main variant)."""
+    return sorl_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        config,
+        rollout_is_weights,
+        loss_name="st_ppo",
+    )
+
+
+@register_policy_loss("so_ppo")
+def compute_policy_loss_so_ppo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """SO-PPO: the later paper's name for ST-PPO (same defaults). SO-GRPO = this + adv_estimator=grpo."""
+    return sorl_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode,
+        config,
+        rollout_is_weights,
+        loss_name="so_ppo",
+    )

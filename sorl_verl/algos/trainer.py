@@ -1,0 +1,44 @@
+"""``sorl_sync``: verl's synchronous V1 trainer, plus handing the critic's values to ``turn_gae``.
+
+verl 0.9.1 passes ``values`` only to its built-in ``gae``. This trainer, registered with verl's
+own ``register_trainer``, changes exactly one step: when ``algorithm.adv_estimator=turn_gae``
+it reads the critic values that ``_compute_values`` just stored and makes them visible to
+``turn_gae`` (:func:`sorl_verl.algos.advantages.provide_critic_values`) while verl's own
+``_compute_advantage`` runs. Everything else is verl's ``sync`` trainer. Select it with::
+
+    algorithm.adv_estimator=turn_gae critic.enable=True trainer.v1.trainer_mode=sorl_sync
+
+(verl enables the critic by itself only for ``gae``.) Other estimators run unchanged under
+``sorl_sync``, so it is safe to use for every SORL run.
+"""
+
+from __future__ import annotations
+
+import transfer_queue as tq
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from .advantages import TURN_GAE_OVERRIDES, provide_critic_values
+
+__all__ = ["SorlSyncTrainer"]
+
+
+@register_trainer("sorl_sync")
+class SorlSyncTrainer(PPOTrainerSync):
+    """verl's ``sync`` trainer whose advantage step gives ``turn_gae`` the critic's values."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if self._uses_turn_gae() and not self.use_critic:
+            raise ValueError(f"adv_estimator=turn_gae needs a critic. Run with: {TURN_GAE_OVERRIDES}")
+
+    def _uses_turn_gae(self) -> bool:
+        return str(self.config.algorithm.adv_estimator) == "turn_gae"
+
+    def _compute_advantage(self, batch, metrics):
+        if not self._uses_turn_gae():
+            return super()._compute_advantage(batch, metrics)
+        stored = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["values"])
+        values = stored.to_padded_tensor()["values"]
+        with provide_critic_values(values):
+            return super()._compute_advantage(batch, metrics)

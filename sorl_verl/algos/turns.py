@@ -1,0 +1,121 @@
+"""Turn segmentation of a response from its ``response_mask``, fully vectorized.
+
+A **turn** is a maximal run of ``response_mask == 1`` tokens in one row: the tokens the model
+generated between two tool observations (observation and template tokens have mask 0). This
+definition is the paper's (SORL, arXiv 2511.20718: a turn is one agent action); computing it
+from the mask alone is our choice, so no agent-loop bookkeeping has to travel with the batch.
+
+Turns get a global id, numbered row by row, left to right: row 0's turns are ``0..K_0-1``,
+row 1's follow, and so on. Every per-turn tensor below is indexed by that id.
+
+Everything is scatter/cumsum based: no Python loop over rows, turns or tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["TurnSegments", "segment_turns"]
+
+
+@dataclass(frozen=True)
+class TurnSegments:
+    """The turns of a ``(batch, response_len)`` mask.
+
+    Attributes:
+        token_turn_id: ``(batch, response_len)`` long, the global turn id of each token, -1 off-mask.
+        scatter_index: ``(batch * response_len,)`` long, ``token_turn_id`` flattened with -1 replaced
+            by the spare slot ``num_turns``: off-mask tokens are summed there and then dropped, which
+            avoids a boolean gather on the hot path.
+        turn_lengths: ``(num_turns,)`` long, tokens per turn (always >= 1).
+        turn_row: ``(num_turns,)`` long, the row each turn belongs to.
+        turn_index: ``(num_turns,)`` long, 0-based position of the turn within its row (1st turn = 0).
+        turns_per_row: ``(batch,)`` long, number of turns in each row (0 for an all-masked row).
+        num_turns: total number of turns in the batch.
+    """
+
+    token_turn_id: torch.Tensor
+    scatter_index: torch.Tensor
+    turn_lengths: torch.Tensor
+    turn_row: torch.Tensor
+    turn_index: torch.Tensor
+    turns_per_row: torch.Tensor
+    num_turns: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.token_turn_id.shape
+
+    def segment_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum of ``values`` over each turn's tokens; differentiable.
+
+        Args:
+            values: ``(batch, response_len)``. Off-mask entries are ignored (even inf/nan ones
+                only reach the dropped spare slot).
+
+        Returns:
+            ``(num_turns,)`` in the dtype of ``values``.
+        """
+        sums = values.new_zeros(self.num_turns + 1).index_add(0, self.scatter_index, values.reshape(-1))
+        return sums[: self.num_turns]
+
+    def segment_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean of ``values`` over each turn's tokens: ``(batch, response_len)`` -> ``(num_turns,)``."""
+        return self.segment_sum(values) / self.turn_lengths.to(values.dtype)
+
+    def broadcast(self, turn_values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """Give every token its turn's value: ``(num_turns,)`` -> ``(batch, response_len)``.
+
+        Off-mask tokens get ``fill``. Differentiable with respect to ``turn_values``.
+        """
+        padded = torch.cat([turn_values, turn_values.new_full((1,), fill)])
+        return padded.index_select(0, self.scatter_index).view(self.shape)
+
+
+def segment_turns(response_mask: torch.Tensor) -> TurnSegments:
+    """Split each row of ``response_mask`` into turns (maximal runs of ones).
+
+    Args:
+        response_mask: ``(batch, response_len)``, bool or 0/1 of any dtype.
+
+    Returns:
+        :class:`TurnSegments`. A turn cut by the end of the response (no closing 0) is still a
+        turn; an all-masked row has no turn.
+    """
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask must be (batch, response_len), got shape {tuple(response_mask.shape)}")
+    mask = response_mask.bool()
+    batch, response_len = mask.shape
+    device = mask.device
+
+    previous = torch.zeros_like(mask)
+    previous[:, 1:] = mask[:, :-1]
+    starts = mask & ~previous
+    turn_count_so_far = starts.cumsum(dim=1)  # (batch, response_len): 1-based index of the current turn
+    if response_len > 0:
+        turns_per_row = turn_count_so_far[:, -1]
+    else:
+        turns_per_row = torch.zeros(batch, dtype=torch.long, device=device)
+    row_offset = turns_per_row.cumsum(0) - turns_per_row
+    num_turns = int(turns_per_row.sum())
+
+    global_id = turn_count_so_far - 1 + row_offset[:, None]
+    token_turn_id = torch.where(mask, global_id, torch.full_like(global_id, -1))
+    scatter_index = torch.where(mask, global_id, torch.full_like(global_id, num_turns)).reshape(-1)
+
+    turn_lengths = torch.bincount(scatter_index, minlength=num_turns + 1)[:num_turns]
+    # nonzero() lists the starts row-major, i.e. in global-id order.
+    start_positions = starts.nonzero()
+    turn_row = start_positions[:, 0]
+    turn_index = turn_count_so_far[turn_row, start_positions[:, 1]] - 1
+    return TurnSegments(
+        token_turn_id=token_turn_id,
+        scatter_index=scatter_index,
+        turn_lengths=turn_lengths,
+        turn_row=turn_row,
+        turn_index=turn_index,
+        turns_per_row=turns_per_row,
+        num_turns=num_turns,
+    )
