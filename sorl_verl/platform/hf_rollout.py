@@ -1,0 +1,297 @@
+"""The ``hf`` rollout: verl's rollout-server contract served by HF transformers on CPU.
+
+Infrastructure only. verl 0.9 generates through rollout *replicas* (server actors the agent
+loops call token-in/token-out) and a :class:`~verl.workers.rollout.base.BaseRollout`
+adapter inside each actor worker that receives the new weights after every update
+(``checkpoint_engine.backend=naive``: the hybrid engine's in-process hand-over). verl's
+own ``HFRollout`` cannot be instantiated in 0.9.1 and is not a server, so we provide:
+
+- :class:`HFRolloutServer` (a Ray actor): holds an HF copy of the policy, batches the
+  concurrent ``generate`` calls of the agent loops (``hf_generate.generate_batch``), and
+  swaps in the actor's weights on ``update_weights``, so every rollout is on-policy;
+- :class:`HFReplica`: the :class:`RolloutReplica` that launches one server per replica;
+- :class:`HFServerAdapter`: the worker-side adapter; all FSDP ranks consume the weight
+  generator (it runs collectives), the replica's leader rank ships the full state dict.
+
+Registered as rollout name ``hf`` (``actor_rollout_ref.rollout.name=hf``) when the cpu
+platform is selected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import ray
+import torch
+
+from sorl_verl.platform.hf_generate import GenerationRequest, generate_batch
+
+logger = logging.getLogger("sorl_verl.platform")
+
+SERVER_NAME_PREFIX = "sorl_hf_server_"
+# Requests arriving within this window are generated as one batch.
+BATCH_WINDOW_S = 0.02
+
+
+def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
+    return f"{SERVER_NAME_PREFIX}{replica_rank}{name_suffix}"
+
+
+def _to_plain(config: Any) -> Any:
+    from verl.utils.config import omega_conf_to_dataclass
+
+    return omega_conf_to_dataclass(config) if not hasattr(config, "__dataclass_fields__") else config
+
+
+class HFRolloutServer:
+    """Token-in/token-out generation with an HF model; the methods verl calls on a server."""
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = _to_plain(config)
+        self.model_config = model_config
+        self.replica_rank = replica_rank
+        path = getattr(model_config, "local_path", None) or model_config.path
+        tokenizer_path = getattr(model_config, "local_tokenizer_path", None) or path
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=model_config.trust_remote_code)
+        # float32 + eager attention: what the CPU actor computes with, so log-probs agree.
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, torch_dtype=torch.float32, attn_implementation="eager", trust_remote_code=model_config.trust_remote_code
+        )
+        self.model.eval()
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_token_ids = eos
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        self.global_steps: int | None = None
+        self.generator = torch.Generator().manual_seed(int(getattr(self.config, "seed", 0)) + replica_rank)
+        self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._batcher: asyncio.Task | None = None
+        self._model_lock: asyncio.Lock | None = None
+        self.num_updates = 0
+
+    # -- generation -------------------------------------------------------------------
+    def _default_max_tokens(self, prompt_len: int) -> int:
+        return min(self.config.response_length, self.config.prompt_length + self.config.response_length - prompt_len)
+
+    def _max_model_len(self) -> int:
+        return self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None:
+            raise NotImplementedError("hf rollout: text only (no image/video inputs)")
+        prompt_ids = [int(t) for t in prompt_ids]
+        room = self._max_model_len() - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"hf rollout: prompt length {len(prompt_ids)} leaves no room within max_model_len {self._max_model_len()}"
+            )
+        request = GenerationRequest.from_sampling_params(
+            prompt_ids, sampling_params, default_max_tokens=self._default_max_tokens(len(prompt_ids))
+        )
+        request.max_tokens = max(1, min(request.max_tokens, room))
+        result = await self._submit(request)
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reason},
+        )
+
+    async def _submit(self, request: GenerationRequest):
+        if self._model_lock is None:
+            self._model_lock = asyncio.Lock()
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        return await future
+
+    async def _run_batches(self):
+        while self._pending:
+            await asyncio.sleep(BATCH_WINDOW_S)  # let concurrent agent-loop calls join this batch
+            batch, self._pending = self._pending, []
+            try:
+                async with self._model_lock:
+                    results = await asyncio.to_thread(
+                        generate_batch,
+                        self.model,
+                        self.tokenizer,
+                        [request for request, _ in batch],
+                        self.eos_token_ids,
+                        self.pad_token_id,
+                        self.generator,
+                    )
+            except Exception as error:  # noqa: BLE001 - delivered to every waiting caller
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+    # -- weights ----------------------------------------------------------------------
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Copy the actor's full (HF-named) parameters into the generation model.
+
+        Returns the number of tensors copied. Unknown names are an error: silently keeping
+        stale weights would make rollouts off-policy without anyone noticing.
+        """
+        if self._model_lock is None:
+            self._model_lock = asyncio.Lock()
+        async with self._model_lock:
+            own = dict(self.model.named_parameters())
+            own.update(dict(self.model.named_buffers()))
+            unknown = sorted(set(state_dict) - set(own))
+            if unknown:
+                raise KeyError(f"hf rollout: actor sent weights the rollout model does not have: {unknown[:5]}")
+            with torch.no_grad():
+                for name, tensor in state_dict.items():
+                    own[name].copy_(tensor.to(own[name].dtype))
+            self.model.tie_weights()
+            self.global_steps = global_steps
+            self.num_updates += 1
+        return len(state_dict)
+
+    async def get_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current generation weights (for tests: on-policy checks)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    async def get_num_updates(self) -> int:
+        return self.num_updates
+
+    async def set_global_steps(self, global_steps: int):
+        self.global_steps = global_steps
+
+    # -- lifecycle calls verl makes on every server; nothing to free on CPU ---------------
+    async def wake_up(self, tags: list[str] | None = None):
+        return None
+
+    async def sleep(self):
+        return None
+
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs) -> dict[str, Any]:
+        # No partial rollout: requests in flight simply finish.
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self):
+        return None
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+
+def _replica_base():
+    from verl.workers.rollout.replica import RolloutReplica
+
+    return RolloutReplica
+
+
+class _LazyReplica:
+    """Built on first use so that importing this module does not import verl's rollout stack."""
+
+    cls = None
+
+
+def get_hf_replica_class():
+    """The :class:`RolloutReplica` subclass for ``rollout.name=hf`` (created once)."""
+    if _LazyReplica.cls is not None:
+        return _LazyReplica.cls
+
+    class HFReplica(_replica_base()):
+        """One :class:`HFRolloutServer` per replica, on the node of the replica's first worker."""
+
+        async def launch_servers(self):
+            name = server_actor_name(self.replica_rank, self.name_suffix)
+            server_cls = ray.remote(HFRolloutServer)
+            self._server_handle = server_cls.options(
+                name=name,
+                num_cpus=0,  # generation shares the cores with the trainer; nothing to reserve
+                max_concurrency=self.max_concurrency,
+            ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            self.servers = [self._server_handle]
+            # The load balancer keys servers by address; there is no HTTP endpoint.
+            self._server_address = f"hf://{name}"
+            await self._server_handle.set_global_steps.remote(None)
+
+        def rollout_worker_use_gpu(self) -> bool:
+            return False
+
+    _LazyReplica.cls = HFReplica
+    return HFReplica
+
+
+def _base_rollout():
+    from verl.workers.rollout.base import BaseRollout
+
+    return BaseRollout
+
+
+class HFServerAdapter(_base_rollout()):
+    """In each actor worker: forwards the weights verl's checkpoint engine hands over."""
+
+    def __init__(self, config, model_config, device_mesh, *args, replica_rank: int = -1, **kwargs):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", 0))
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
+        self.is_leader_rank = rank % rollout_world_size == 0
+        self.sleep_level = 2
+        self._server = None
+
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+        return self._server
+
+    async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"hf rollout: weight wire format {wire_format!r} (use checkpoint_engine naive)")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("hf rollout: LoRA adapters are not supported; merge them (lora.merge=True)")
+        # Every rank iterates: producing each full tensor is a collective over the FSDP group.
+        state = {}
+        for name, tensor in weights:
+            if self.is_leader_rank:
+                state[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        if self.is_leader_rank:
+            await self._server_handle().update_weights.remote(state, global_steps)
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def release(self):
+        return None
