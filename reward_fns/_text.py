@@ -22,6 +22,7 @@ METRIC_KEYS = ("score", "acc", "sub_em", "f1", "unparseable", "format_ok")
 PROMPT_ANSWER_EXAMPLES = (
     "For example, <answer> Beijing </answer>.",  # Search-R1's template (data_prep.templates.SEARCH_R1)
     "For example, <answer> C </answer>.",  # our medical template (data_prep.templates.MEDICAL)
+    'Remember to put your answer on its own line after "Answer:".',  # DAPO-Math-17k's prompt footer
 )
 # Search-R1's qa_em_format.is_valid_sequence reads the text after the first assistant marker.
 ASSISTANT_MARKER = "<|im_start|>assistant"

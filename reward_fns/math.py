@@ -70,6 +70,19 @@ def extract_final_answer(solution_str: str) -> str | None:
     return line or None
 
 
+def _wrapped_in_braces(text: str) -> bool:
+    """True for ``{...}`` whose first brace closes at the very end (``{a}{b}`` is not wrapped)."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return False
+    depth = 0
+    for char in text[:-1]:
+        depth += char == "{"
+        depth -= char == "}"
+        if depth == 0:
+            return False
+    return True
+
+
 def normalize_math(answer: str) -> str:
     """Light LaTeX normalization for string comparison (see the module docstring)."""
     text = answer.strip()
@@ -83,6 +96,8 @@ def normalize_math(answer: str) -> str:
     text = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", text)
     text = _SQRT_SHORT.sub(r"\\sqrt{\1}", text)
     text = "".join(text.split())
+    while _wrapped_in_braces(text):
+        text = text[1:-1]
     text = _ASSIGNMENT.sub("", text)
     text = text.rstrip(".")
     if _THOUSANDS.match(text):
