@@ -157,8 +157,8 @@ class HFRolloutServer:
         if self._model_lock is None:
             self._model_lock = asyncio.Lock()
         async with self._model_lock:
-            own = dict(self.model.named_parameters())
-            own.update(dict(self.model.named_buffers()))
+            # keep_vars: live parameters, tied aliases (lm_head.weight) included by name
+            own = self.model.state_dict(keep_vars=True)
             unknown = sorted(set(state_dict) - set(own))
             if unknown:
                 raise KeyError(f"hf rollout: actor sent weights the rollout model does not have: {unknown[:5]}")
