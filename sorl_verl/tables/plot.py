@@ -19,10 +19,10 @@ from sorl_verl.tables.runs import Run
 # actor/pg_clipfrac, actor/grad_norm and actor/ppo_kl; the actor/sorl/* names are those of
 # sorl_verl.algos' diagnostics.
 STABILITY_PANELS: list[tuple[str, list[str]]] = [
-    ("Clipping-bias norm", [r"actor/sorl/clip_bias_norm", r"actor/sorl/c_norm"]),
-    ("Normalization scale", [r"actor/sorl/norm_scale", r"actor/sorl/scale"]),
-    ("Token clip fraction", [r"actor/sorl/token_clipfrac", r"actor/pg_clipfrac"]),
-    ("Turn clip fraction", [r"actor/sorl/turn_clipfrac"]),
+    ("Clipping-bias norm C", [r"actor/sorl/c_norm"]),
+    ("Normalization scale s", [r"actor/sorl/norm_scale"]),
+    ("Token clip fraction", [r"actor/pg_clipfrac"]),
+    ("Turn clip fraction", [r"actor/sorl/clipfrac_turn"]),
     ("Actor gradient norm", [r"actor/grad_norm"]),
     ("Approx. KL to rollout policy", [r"actor/ppo_kl"]),
 ]

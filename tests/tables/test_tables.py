@@ -49,7 +49,7 @@ def val(scores: dict, var="reward", n=1):
 
 
 def train(step, clipfrac=0.1, grad=1.0):
-    return {"actor/pg_clipfrac": clipfrac, "actor/grad_norm": grad, "actor/sorl/clip_bias_norm": 0.01 * step}
+    return {"actor/pg_clipfrac": clipfrac, "actor/grad_norm": grad, "actor/sorl/c_norm": 0.01 * step}
 
 
 def test_method_names():
@@ -232,6 +232,6 @@ def test_plot_writes_png_with_stability_panels(tmp_path):
 
     panels = plot_runs([load_run(a), load_run(b)], png)
     assert panels[0].startswith("Validation score")
-    assert any("actor/sorl/clip_bias_norm" in p for p in panels)
+    assert any("actor/sorl/c_norm" in p for p in panels)
     assert any("actor/pg_clipfrac" in p for p in panels) and any("actor/grad_norm" in p for p in panels)
     assert not any("Turn clip fraction" in p for p in panels)  # not logged: no empty panel

@@ -1,0 +1,192 @@
+"""The paper recipes (examples/*/*.sh): shell syntax, and every Hydra override against verl's config.
+
+Each recipe runs in dry-run mode (SORL_DRY_RUN=1 prints the commands instead of running them),
+for every algorithm; its trainer overrides are then composed onto verl's own default config
+(``verl/trainer/config/ppo_trainer.yaml`` and its includes) with Hydra's compose API, which
+rejects a key that does not exist unless it is ``+``-prefixed. So a typo in a config key fails
+here, not an hour into a cluster job. The commands the recipes run besides the trainer
+(data preparation, index build, retriever) are checked against their own ``--help``.
+"""
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+RECIPE_DIRS = ["search_r1", "medical", "math"]
+SCRIPTS = [EXAMPLES / "common.sh"] + sorted(p for d in RECIPE_DIRS for p in (EXAMPLES / d).glob("*.sh"))
+TRAIN_RECIPES = [EXAMPLES / d / "train.sh" for d in RECIPE_DIRS]
+ALGOS = {  # ALGO -> (loss_mode, adv_estimator, critic used)
+    "ppo": ("vanilla", "gae", True),
+    "grpo": ("vanilla", "grpo", False),
+    "turn_ppo": ("turn_ppo", "gae", True),
+    "s_ppo": ("s_ppo", "gae", True),
+    "st_ppo": ("st_ppo", "gae", True),
+    "so_ppo": ("so_ppo", "gae", True),
+    "st_ppo_turn_gae": ("st_ppo", "turn_gae", True),
+    "so_grpo": ("so_ppo", "grpo", False),
+}
+VERL_CONFIG_DIR = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "config"
+
+
+def dry_run(script: Path, tmp_path: Path, *args: str, **env: str) -> tuple[dict[str, str], list[list[str]]]:
+    """(exported variables, commands) a recipe would run."""
+    full_env = {**os.environ, "SORL_DRY_RUN": "1", "RUN_ROOT": str(tmp_path / "runs"), "PYTHON": sys.executable, **env}
+    done = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=full_env, cwd=tmp_path)
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr}"
+    exported, commands = {}, []
+    for line in done.stdout.splitlines():
+        if line.startswith("ENV "):
+            key, _, value = line[4:].partition("=")
+            exported[key] = value
+        elif line == "--- cmd":
+            commands.append([])
+        else:
+            assert commands, f"{script}: output outside a command: {line!r}"
+            commands[-1].append(line)
+    return exported, commands
+
+
+def trainer_overrides(commands: list[list[str]]) -> list[str]:
+    trainers = [c for c in commands if c[1:3] == ["-m", "verl.trainer.main_ppo"]]
+    assert len(trainers) == 1, commands
+    return trainers[0][3:]
+
+
+def compose(overrides: list[str]):
+    """verl's default trainer config with ``overrides`` applied; raises on an unknown key or bad syntax."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(VERL_CONFIG_DIR), version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_shell_syntax_and_strict_mode(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "set -euo pipefail" in text
+
+
+def test_compose_rejects_a_typo():
+    """The check below would catch a misspelled key (guards against a vacuous test)."""
+    compose(["algorithm.adv_estimator=grpo"])
+    with pytest.raises(Exception, match="adv_estimatr"):
+        compose(["algorithm.adv_estimatr=grpo"])
+
+
+@pytest.mark.parametrize("recipe", TRAIN_RECIPES, ids=lambda p: p.parent.name)
+def test_every_override_exists_in_verl_config(recipe, tmp_path):
+    for algo, (loss_mode, adv, critic) in ALGOS.items():
+        exported, commands = dry_run(recipe, tmp_path, "trainer.total_training_steps=7", ALGO=algo, RUN_NAME=f"r-{algo}")
+        overrides = trainer_overrides(commands)
+        cfg = compose(overrides)  # raises on any unknown key
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode, algo
+        assert cfg.algorithm.adv_estimator == adv, algo
+        assert cfg.trainer.total_training_steps == 7, "user overrides must come last and win"
+        assert cfg.reward.custom_reward_function.name == "compute_score"
+        if critic:
+            assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
+        if adv == "turn_gae":
+            assert cfg.critic.enable is True and cfg.trainer.v1.trainer_mode == "sorl_sync"
+        if adv == "grpo":
+            assert cfg.actor_rollout_ref.rollout.n > 1 and cfg.actor_rollout_ref.actor.use_kl_loss
+        assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.mode == "async"
+        # The run folder holds what the table tool reads: Hydra's config and the FileLogger JSONL.
+        run_dir = Path(cfg.hydra.run.dir)
+        assert run_dir.parent.parent == tmp_path / "runs" and run_dir.name == f"r-{algo}"
+        assert "file" in cfg.trainer.logger
+        log_path = Path(exported["VERL_FILE_LOGGER_PATH"])
+        assert log_path.parent == run_dir and log_path.name.startswith("metrics")
+        assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == str(log_path)
+
+
+@pytest.mark.parametrize("recipe", TRAIN_RECIPES, ids=lambda p: p.parent.name)
+def test_paper_hyperparameters(recipe, tmp_path):
+    _, commands = dry_run(recipe, tmp_path, ALGO="st_ppo")
+    cfg = compose(trainer_overrides(commands))
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.optim.lr == 1e-6 and cfg.critic.optim.lr == 1e-5
+    assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
+    assert cfg.data.train_batch_size >= actor.ppo_mini_batch_size
+    assert cfg.data.train_batch_size % actor.ppo_mini_batch_size == 0
+
+
+def test_search_r1_defaults_and_agent_config(tmp_path):
+    _, commands = dry_run(EXAMPLES / "search_r1" / "train.sh", tmp_path, ALGO="so_grpo", MAX_TURNS="3", TOPK="5")
+    cfg = compose(trainer_overrides(commands))
+    assert cfg.data.train_batch_size == 512 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "search_r1"
+    agent_file = Path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    (entry,) = OmegaConf.load(agent_file)
+    assert entry.name == "search_r1" and entry.topk == 5 and entry.max_turns == 3
+    assert entry.max_obs_length == 500 and entry.max_tokens_per_turn == 500
+    # The response budget holds every turn and observation at their caps.
+    assert cfg.data.max_response_length >= (3 + 1) * 500 + 3 * 500
+    # Every option the file sets is a parameter of the agent loop's constructor.
+    module, _, cls = entry._target_.rpartition(".")
+    assert constructor_params(module, cls) >= set(entry) - {"name", "_target_"}
+
+
+def constructor_params(module: str, cls: str) -> set[str]:
+    """Parameter names of ``cls.__init__``, read from the source (importing it would pull in verl's agent loop)."""
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+            return {a.arg for a in init.args.args + init.args.kwonlyargs}
+    raise AssertionError(f"{cls} not found in {module}")
+
+
+def test_reward_function_exists():
+    source = (REPO / "reward_fns" / "__init__.py").read_text()
+    names = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
+    names |= {a.asname or a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "compute_score" in names
+
+
+@cache
+def help_text(command: tuple[str, ...]) -> str:
+    done = subprocess.run([*command, "--help"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, f"{' '.join(command)} --help failed:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def cli_of(cmd: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """(the command that takes --help, its arguments) for `python -m mod ...` or a console script."""
+    if cmd[1:2] == ["-m"]:
+        return (sys.executable, "-m", cmd[2]), cmd[3:]
+    script = Path(sys.executable).parent / Path(cmd[0]).name
+    return (str(script) if script.exists() else cmd[0],), cmd[1:]
+
+
+@pytest.mark.parametrize(
+    "script", [p for p in SCRIPTS if p.name != "common.sh" and p.name != "train.sh"], ids=lambda p: str(p.relative_to(EXAMPLES))
+)
+def test_helper_commands_match_their_help(script, tmp_path):
+    """Data preparation, index build, retriever and table commands: modules exist, flags are real."""
+    _, commands = dry_run(script, tmp_path, CKPT=str(tmp_path / "global_step_100"))
+    assert commands, f"{script} runs nothing"
+    for cmd in commands:
+        if cmd[1:3] == ["-m", "verl.trainer.main_ppo"]:
+            compose(cmd[3:])
+            continue
+        if cmd[0] in ("bash", "mkdir", "test"):
+            continue
+        command, args = cli_of(cmd)
+        text = help_text(command)
+        for arg in args:
+            if arg.startswith("--"):
+                flag = arg.split("=", 1)[0]
+                assert flag in text, f"{script}: {' '.join(command[-1:])} has no {flag}"
