@@ -117,14 +117,19 @@ def make_loop(tokenizer, server, response_length: int = 2048, prompt_length: int
 
 
 def run_loop(tokenizer, turns, retriever=None, question="What is the capital of France?", **options):
-    """Run one trajectory on the scripted policy; returns ``(output, server, retriever)``."""
+    """Run one trajectory on the scripted policy; returns ``(output, server, retriever)``.
+
+    ``retriever``: an object with ``search`` (default: a new :class:`FakeRetriever`) or a spec string.
+    """
     from sorl_verl.agent import retrieval_client
 
-    retriever = retriever or FakeRetriever()
-    spec = f"fake-{id(retriever)}"
-    retrieval_client._clients[(spec, retrieval_client.HttpOptions())] = retrieval_client.RetrievalClient.from_retriever(
-        retriever, spec
-    )
+    if isinstance(retriever, str):  # a real spec: "embedded", an index folder or a URL
+        spec = retriever
+    else:
+        retriever = retriever or FakeRetriever()
+        spec = f"fake-{id(retriever)}"
+        client = retrieval_client.RetrievalClient.from_retriever(retriever, spec)
+        retrieval_client._clients[(spec, retrieval_client.HttpOptions())] = client
     server = ScriptedServer(tokenizer, turns)
 
     async def main():

@@ -222,3 +222,17 @@ def test_bad_options_are_refused_with_their_name(build_search_r1, scripted_serve
 
     with pytest.raises(Exception, match=next(iter(bad))):
         asyncio.run(build())
+
+
+def test_runs_on_the_embedded_wikipedia_index(run_search_r1, tokenizer, monkeypatch, tmp_path):
+    """The default retriever: BM25 over the shipped Wikipedia summaries, built into a temp cache."""
+    monkeypatch.setenv("SORL_VERL_CACHE", str(tmp_path))
+    turns = ["<search> capital of France </search>", "<search></search>", "<answer> Paris </answer>"]
+    output, _, _ = run_search_r1(turns, retriever="embedded", max_obs_length=5000, response_length=12000)
+    runs = segments(output)
+    first_observation = tokenizer.decode(runs[1][1])
+    assert first_observation.startswith("\n\n<information>Doc 1(Title: ")
+    assert "Doc 3(Title: " in first_observation and "France" in first_observation
+    # An empty query (Search-R1 sends it as is) gets an empty information block, not a crash.
+    assert tokenizer.decode(runs[3][1]) == information_block("")
+    assert output.extra_fields["search_r1_searches"] == 2 and output.extra_fields["search_r1_answered"] is True
