@@ -52,6 +52,7 @@ __all__ = [
     "compute_policy_loss_so_ppo",
     "compute_policy_loss_st_ppo",
     "compute_policy_loss_turn_ppo",
+    "clip_bounds",
     "importance_log_ratio",
     "normalization_scale",
     "sorl_policy_loss",
@@ -64,29 +65,51 @@ _EPS = 1e-12
 
 
 def importance_log_ratio(
-    log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, segments: TurnSegments
+    token_log_ratio: torch.Tensor, turn_log_ratio_sum: torch.Tensor, level: str, segments: TurnSegments
 ) -> torch.Tensor:
     """Log importance ratio per token at the chosen level, differentiable.
 
     Args:
-        log_ratio: ``(batch, response_len)`` float, ``log_prob - old_log_prob``.
-        response_mask: ``(batch, response_len)`` bool.
+        token_log_ratio: ``(batch, response_len)`` float, ``log_prob - old_log_prob``.
+        turn_log_ratio_sum: ``(num_turns,)``, ``segments.segment_sum(token_log_ratio)``.
         level: ``token`` (PPO), ``turn`` (mean over the token's turn) or ``sequence`` (mean over
             the row's masked tokens).
-        segments: the turns of ``response_mask``.
+        segments: the turns of the response mask.
 
     Returns:
-        ``(batch, response_len)``; off-mask entries are 0 for ``turn``/``sequence``.
+        ``(batch, response_len)``; off-mask entries are 0 for ``turn`` (any value is harmless there:
+        the loss masks them).
     """
     if level == "token":
-        return log_ratio
+        return token_log_ratio
+    lengths = segments.turn_lengths.to(turn_log_ratio_sum.dtype)
     if level == "turn":
-        return segments.broadcast(segments.segment_mean(log_ratio))
+        return segments.broadcast(turn_log_ratio_sum / lengths)
     if level == "sequence":
-        masked = torch.where(response_mask, log_ratio, torch.zeros_like(log_ratio))
-        lengths = response_mask.sum(dim=-1, keepdim=True).clamp(min=1)
-        return (masked.sum(dim=-1, keepdim=True) / lengths).expand_as(log_ratio)
+        row_sum = segments.per_row_sum(turn_log_ratio_sum)
+        row_len = segments.per_row_sum(lengths).clamp(min=1.0)
+        return (row_sum / row_len)[:, None].expand(segments.shape)
     raise ValueError(f"unknown ratio level {level!r}")
+
+
+def clip_bounds(advantages: torch.Tensor, opts: SorlLossOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``[lower, upper]`` bounds on the ratio that reproduce PPO clip + dual clip.
+
+    ``max(-A w, -A clip(w, 1-eps_low, 1+eps_high))``, then for ``A < 0`` ``min(., -A c)``, equals
+    ``-A * clamp(w, lower, upper)`` with ``[0, 1+eps_high]`` for ``A > 0`` and
+    ``[1-eps_low, c]`` for ``A < 0`` (``A = 0`` contributes nothing either way). One clamp with
+    tensor bounds is cheaper than verl's max/min/where chain, forward and backward.
+
+    Args:
+        advantages: ``(batch, response_len)`` float32.
+
+    Returns:
+        ``(lower, upper)``, both ``(batch, response_len)`` float32, no gradient.
+    """
+    negative = advantages < 0
+    lower = negative * (1.0 - opts.clip_ratio_low)
+    upper = torch.where(negative, opts.clip_ratio_c, 1.0 + opts.clip_ratio_high)
+    return lower, upper
 
 
 def aggregation_weights(
@@ -102,70 +125,52 @@ def aggregation_weights(
     ``agg_loss(loss_mat, mask, mode, **global_batch_info) == sum_t c_row(t) * loss_mat_t * mask_t``
     (tested against verl). Divisions are guarded: an empty batch gives finite weights.
     """
-    mask = response_mask.float()
-    row_tokens = mask.sum(dim=-1)
+    row_tokens = response_mask.sum(dim=-1, dtype=torch.float32)
     if loss_agg_mode == "token-mean":
-        total = row_tokens.sum() if batch_num_tokens is None else torch.tensor(float(batch_num_tokens))
-        return (dp_size / total.clamp(min=1.0)).expand_as(row_tokens).to(mask.device)
+        total = row_tokens.sum() if batch_num_tokens is None else row_tokens.new_tensor(float(batch_num_tokens))
+        return (dp_size / total.clamp(min=1.0)).expand_as(row_tokens)
     if loss_agg_mode == "token-sum":
         return torch.full_like(row_tokens, float(dp_size))
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
         if global_batch_size is None:
-            rows = (row_tokens > 0).float().sum().clamp(min=1.0)
+            rows = (row_tokens > 0).sum().to(row_tokens.dtype).clamp(min=1.0)
         else:
-            rows = torch.tensor(float(global_batch_size), device=mask.device).clamp(min=1.0)
+            rows = row_tokens.new_tensor(float(global_batch_size)).clamp(min=1.0)
         weights = (dp_size / rows).expand_as(row_tokens)
         if loss_agg_mode == "seq-mean-token-sum-norm":
-            weights = weights / float(loss_scale_factor if loss_scale_factor is not None else mask.shape[-1])
+            horizon = loss_scale_factor if loss_scale_factor is not None else response_mask.shape[-1]
+            weights = weights / float(horizon)
         elif loss_agg_mode == "seq-mean-token-mean":
             weights = weights / (row_tokens + 1e-8)
         return weights
     raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode!r} is not supported by agg_loss")
 
 
-def normalization_scale(
-    coefficients: torch.Tensor,
-    clipped: torch.Tensor,
-    kept: torch.Tensor,
-    mode: str,
-    kappa: float,
-    scope: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipping-triggered normalization scale ``s`` (no gradient).
+def normalization_scale(c_norm: torch.Tensor, g_norm: torch.Tensor, mode: str, kappa: float) -> torch.Tensor:
+    """Clipping-triggered normalization scale ``s`` from the two norms (no gradient).
 
     Args:
-        coefficients: ``(batch, response_len)`` float32, ``w_t * A_t * c_t`` (detached).
-        clipped: ``(batch, response_len)`` bool, masked tokens whose gradient the clip removed.
-        kept: ``(batch, response_len)`` bool, the other masked tokens.
+        c_norm: ``(batch,)`` or scalar, norm of what the clip removed (``C_norm``).
+        g_norm: same shape, norm of what it kept (``G_norm``).
         mode: ``relative`` | ``absolute`` | ``literal`` | ``none``.
         kappa: threshold of ``absolute``.
-        scope: ``sequence`` (one scale per row) or ``micro_batch`` (one for the call).
 
     Returns:
-        ``(scale, c_norm, g_norm)``, each ``(batch,)``; with ``micro_batch`` scope the single value
-        is repeated over rows. ``scale`` is 1 wherever nothing is clipped, and finite always.
+        ``s`` of the same shape: 1 wherever ``c_norm == 0``, finite always.
     """
-    squared = coefficients.square()
-    zero = torch.zeros_like(squared)
-    c_sq = torch.where(clipped, squared, zero).sum(dim=-1)
-    g_sq = torch.where(kept, squared, zero).sum(dim=-1)
-    if scope == "micro_batch":
-        c_sq = c_sq.sum().expand_as(c_sq)
-        g_sq = g_sq.sum().expand_as(g_sq)
-    c_norm, g_norm = c_sq.sqrt(), g_sq.sqrt()
     ones = torch.ones_like(c_norm)
     if mode == "none":
-        return ones, c_norm, g_norm
+        return ones
     if mode == "relative":
-        # 1 / max(1, C/G) == G / max(G, C); with G == 0 and C > 0 the kept part is empty: s = 0.
+        # 1 / max(1, C/G) == G / max(G, C); with G == 0 < C nothing is kept: s = 0.
         scale = g_norm / torch.maximum(g_norm, c_norm).clamp(min=_EPS)
     elif mode == "absolute":
-        scale = kappa / torch.maximum(c_norm, torch.full_like(c_norm, kappa))
+        scale = kappa / c_norm.clamp(min=kappa)
     elif mode == "literal":
         scale = 1.0 / c_norm.clamp(min=_EPS)
     else:
         raise ValueError(f"unknown normalization mode {mode!r}")
-    return torch.where(c_norm > 0, scale, ones), c_norm, g_norm
+    return torch.where(c_norm > 0, scale, ones)
 
 
 def sorl_policy_loss(
@@ -197,63 +202,92 @@ def sorl_policy_loss(
         verl's usual ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``.
     """
     opts = options if options is not None else resolve_options(loss_name, config)
-    global_batch_info = dict(_get_global_batch_info(config))
+    global_batch_info = _global_batch_info(config)
     mask = response_mask.bool()
     segments = segment_turns(mask)
 
+    # 1. Importance ratio (the paper's turn level keeps the gradient through the turn mean).
     token_log_ratio = log_prob.float() - old_log_prob.float()
-    log_w = importance_log_ratio(token_log_ratio, mask, opts.ratio_level, segments)
+    turn_log_ratio_sum = segments.segment_sum(token_log_ratio)
+    log_w = importance_log_ratio(token_log_ratio, turn_log_ratio_sum, opts.ratio_level, segments)
     ratio = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
+    # 2. PPO clip + dual clip, as one clamp with per-token bounds.
     adv = advantages.float()
-    surrogate = -adv * ratio
-    clipped_surrogate = torch.maximum(
-        surrogate, -adv * ratio.clamp(1.0 - opts.clip_ratio_low, 1.0 + opts.clip_ratio_high)
-    )
-    dual_clipped_surrogate = torch.minimum(clipped_surrogate, -adv * opts.clip_ratio_c)
-    pg_losses = torch.where(adv < 0, dual_clipped_surrogate, clipped_surrogate)
+    lower, upper = clip_bounds(adv, opts)
+    clipped_ratio = torch.clamp(ratio, lower, upper)
 
+    # 3. Clipping-triggered normalization: which tokens lost their gradient, and how much.
     with torch.no_grad():
         ratio_d = ratio.detach()
-        clipped_upper = mask & (adv > 0) & (ratio_d > 1.0 + opts.clip_ratio_high)
-        clipped_lower = mask & (adv < 0) & (ratio_d < 1.0 - opts.clip_ratio_low)
-        clipped_dual = mask & (adv < 0) & (ratio_d > opts.clip_ratio_c)
-        clipped = clipped_upper | clipped_lower | clipped_dual
+        above = (ratio_d > upper) & (adv != 0) & mask
+        below = (ratio_d < lower) & mask
+        clipped = above | below
         kept = mask & ~clipped
         row_weights = aggregation_weights(mask, loss_agg_mode, **global_batch_info)
-        coefficients = ratio_d * adv * row_weights[:, None]
+        signed = ratio_d * adv  # w_t * A_t
         if rollout_is_weights is not None:
-            coefficients = coefficients * rollout_is_weights.float()
-        scale, c_norm, g_norm = normalization_scale(
-            coefficients, clipped, kept, opts.normalization, opts.kappa, opts.norm_scope
-        )
+            signed = signed * rollout_is_weights.float()
+        squared = signed.square_()
+        c_sq = (squared * clipped).sum(dim=-1) * row_weights.square()
+        g_sq = (squared * kept).sum(dim=-1) * row_weights.square()
+        if opts.norm_scope == "micro_batch":
+            c_sq, g_sq = c_sq.sum().expand_as(c_sq), g_sq.sum().expand_as(g_sq)
+        c_norm, g_norm = c_sq.sqrt(), g_sq.sqrt()
+        scale = normalization_scale(c_norm, g_norm, opts.normalization, opts.kappa)
+        # -A_t * s_row (* rollout weight): the detached factor of the surrogate.
+        loss_weight = adv * (-scale)[:, None] if opts.normalization != "none" else -adv
+        if rollout_is_weights is not None:
+            loss_weight = loss_weight * rollout_is_weights.float()
 
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights.float()
-    if opts.normalization != "none":
-        pg_losses = pg_losses * scale[:, None]
+    pg_losses = clipped_ratio * loss_weight
     loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
 
     metrics = _diagnostics(
-        segments, mask, token_log_ratio.detach(), clipped_upper, clipped_lower, clipped_dual, scale, c_norm, g_norm
+        segments, mask, turn_log_ratio_sum.detach(), above & (adv > 0), below, above & (adv < 0), scale, c_norm, g_norm
     )
     return loss, metrics
 
 
-def _get_global_batch_info(config: Any) -> dict:
+def _global_batch_info(config: Any) -> dict:
     if config is None:
         return {}
-    info = (
-        config.get("global_batch_info", None) if hasattr(config, "get") else getattr(config, "global_batch_info", None)
+    getter = getattr(config, "get", None)
+    info = getter("global_batch_info", None) if callable(getter) else getattr(config, "global_batch_info", None)
+    return dict(info or {})
+
+
+# Per-turn clip counts are packed into one float64 bincount: upper + lower * 2^17 + dual * 2^34
+# stays exact below 2^53 while a turn has fewer than 2^17 tokens (longer turns: three bincounts).
+_PACK = float(2**17)
+
+
+@torch.no_grad()
+def _per_turn_clip_counts(
+    segments: TurnSegments, upper: torch.Tensor, lower: torch.Tensor, dual: torch.Tensor
+) -> torch.Tensor:
+    """``(3, num_turns)`` float64 counts of upper / lower / dual clipped tokens per turn."""
+    size = segments.num_turns + 1
+    if segments.shape[-1] < _PACK:
+        packed = upper.double().add_(lower, alpha=_PACK).add_(dual, alpha=_PACK * _PACK)
+        total = torch.bincount(segments.scatter_index, weights=packed.view(-1), minlength=size)[:-1]
+        dual_count = torch.floor(total / (_PACK * _PACK))
+        rest = total - dual_count * (_PACK * _PACK)
+        lower_count = torch.floor(rest / _PACK)
+        return torch.stack([rest - lower_count * _PACK, lower_count, dual_count])
+    return torch.stack(
+        [
+            torch.bincount(segments.scatter_index, weights=flags.double().view(-1), minlength=size)[:-1]
+            for flags in (upper, lower, dual)
+        ]
     )
-    return info or {}
 
 
 @torch.no_grad()
 def _diagnostics(
     segments: TurnSegments,
     mask: torch.Tensor,
-    token_log_ratio: torch.Tensor,
+    turn_log_ratio_sum: torch.Tensor,
     clipped_upper: torch.Tensor,
     clipped_lower: torch.Tensor,
     clipped_dual: torch.Tensor,
@@ -266,50 +300,51 @@ def _diagnostics(
     Turn-level fractions are averaged over turns (each turn counts once, whatever its length).
     ``clipfrac_turn_idx_k`` is the clipped-token fraction of the k-th turns of the rows, 0 when
     no row has a k-th turn. ``turn_ratio_*`` is the turn-level ratio whatever level the loss uses.
+    Norms and the scale are averaged over rows with at least one token.
     """
-    num_tokens = mask.sum().clamp(min=1).float()
+    counts = _per_turn_clip_counts(segments, clipped_upper, clipped_lower, clipped_dual).float()
+    lengths = segments.turn_lengths.float()
+    num_tokens = lengths.sum().clamp(min=1.0)
     num_turns = max(segments.num_turns, 1)
     rows_with_tokens = segments.turns_per_row > 0
     num_rows = rows_with_tokens.sum().clamp(min=1).float()
+    row_mask = rows_with_tokens.float()
 
-    clipped_any = (clipped_upper | clipped_lower | clipped_dual).float()
-    lengths = segments.turn_lengths.float()
-    turn_upper = segments.segment_sum(clipped_upper.float()) / lengths
-    turn_lower = segments.segment_sum(clipped_lower.float()) / lengths
-    turn_any = segments.segment_sum(clipped_any) / lengths
-    turn_log_ratio = segments.segment_mean(token_log_ratio.masked_fill(~mask, 0.0))
-    turn_ratio = torch.exp(turn_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-
+    per_turn_fraction = counts / lengths  # (3, num_turns)
+    any_clipped = counts.sum(dim=0)
     bins = NUM_TURN_INDEX_METRICS
-    in_range = segments.turn_index < bins
+    in_range = (segments.turn_index < bins).float()
     bin_index = segments.turn_index.clamp(max=bins - 1)
     by_index = lengths.new_zeros(2, bins)
-    by_index[0].index_add_(0, bin_index, turn_any * lengths * in_range)
+    by_index[0].index_add_(0, bin_index, any_clipped * in_range)
     by_index[1].index_add_(0, bin_index, lengths * in_range)
     clipfrac_by_index = by_index[0] / by_index[1].clamp(min=1.0)
 
-    row_mask = rows_with_tokens.float()
-    has_turns = segments.num_turns > 0
-    values = torch.stack(
+    turn_ratio = torch.exp((turn_log_ratio_sum.float() / lengths).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if segments.num_turns == 0:
+        turn_ratio = lengths.new_ones(1)
+    scale_min = torch.where(rows_with_tokens, scale, torch.ones_like(scale)).min() if scale.numel() else 1.0
+    values = torch.cat(
         [
-            clipped_upper.sum() / num_tokens,
-            clipped_lower.sum() / num_tokens,
-            clipped_dual.sum() / num_tokens,
-            turn_upper.sum() / num_turns,
-            turn_lower.sum() / num_turns,
-            turn_any.sum() / num_turns,
-            (c_norm * row_mask).sum() / num_rows,
-            (g_norm * row_mask).sum() / num_rows,
-            (scale * row_mask).sum() / num_rows,
-            torch.where(rows_with_tokens, scale, torch.ones_like(scale)).min() if scale.numel() else scale.new_ones(()),
-            turn_ratio.mean() if has_turns else turn_ratio.new_ones(()),
-            turn_ratio.min() if has_turns else turn_ratio.new_ones(()),
-            turn_ratio.max() if has_turns else turn_ratio.new_ones(()),
-            segments.turns_per_row.float().sum() / num_rows,
-            -(token_log_ratio.masked_fill(~mask, 0.0).sum()) / num_tokens,
+            counts.sum(dim=1) / num_tokens,  # token clip fractions: upper, lower, dual
+            per_turn_fraction.sum(dim=1)[:2] / num_turns,  # turn clip fractions: upper, lower
+            (any_clipped / lengths).sum().view(1) / num_turns,
+            torch.stack(
+                [
+                    (c_norm * row_mask).sum() / num_rows,
+                    (g_norm * row_mask).sum() / num_rows,
+                    (scale * row_mask).sum() / num_rows,
+                    torch.as_tensor(scale_min, dtype=torch.float32, device=lengths.device),
+                    turn_ratio.mean(),
+                    turn_ratio.min(),
+                    turn_ratio.max(),
+                    segments.turns_per_row.sum().float() / num_rows,
+                    -turn_log_ratio_sum.float().sum() / num_tokens,
+                ]
+            ),
+            clipfrac_by_index,
         ]
-    )
-    values = torch.cat([values, clipfrac_by_index]).tolist()
+    ).tolist()
     names = [
         "clipfrac_token_upper",
         "clipfrac_token_lower",

@@ -25,28 +25,30 @@ class TurnSegments:
     """The turns of a ``(batch, response_len)`` mask.
 
     Attributes:
-        token_turn_id: ``(batch, response_len)`` long, the global turn id of each token, -1 off-mask.
-        scatter_index: ``(batch * response_len,)`` long, ``token_turn_id`` flattened with -1 replaced
-            by the spare slot ``num_turns``: off-mask tokens are summed there and then dropped, which
-            avoids a boolean gather on the hot path.
+        scatter_index: ``(batch * response_len,)`` long, the global turn id of each token
+            (row-major), with off-mask tokens sent to the spare slot ``num_turns``: they are summed
+            there and dropped, which avoids boolean gathers on the hot path.
         turn_lengths: ``(num_turns,)`` long, tokens per turn (always >= 1).
         turn_row: ``(num_turns,)`` long, the row each turn belongs to.
         turn_index: ``(num_turns,)`` long, 0-based position of the turn within its row (1st turn = 0).
         turns_per_row: ``(batch,)`` long, number of turns in each row (0 for an all-masked row).
         num_turns: total number of turns in the batch.
+        shape: ``(batch, response_len)``.
     """
 
-    token_turn_id: torch.Tensor
     scatter_index: torch.Tensor
     turn_lengths: torch.Tensor
     turn_row: torch.Tensor
     turn_index: torch.Tensor
     turns_per_row: torch.Tensor
     num_turns: int
+    shape: torch.Size
 
     @property
-    def shape(self) -> torch.Size:
-        return self.token_turn_id.shape
+    def token_turn_id(self) -> torch.Tensor:
+        """``(batch, response_len)`` long: each token's global turn id, -1 off-mask."""
+        ids = self.scatter_index.view(self.shape)
+        return ids.masked_fill(ids == self.num_turns, -1)
 
     def segment_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of ``values`` over each turn's tokens; differentiable.
@@ -73,6 +75,10 @@ class TurnSegments:
         padded = torch.cat([turn_values, turn_values.new_full((1,), fill)])
         return padded.index_select(0, self.scatter_index).view(self.shape)
 
+    def per_row_sum(self, turn_values: torch.Tensor) -> torch.Tensor:
+        """Sum per row of per-turn values: ``(num_turns,)`` -> ``(batch,)``; differentiable."""
+        return turn_values.new_zeros(self.shape[0]).index_add(0, self.turn_row, turn_values)
+
 
 def segment_turns(response_mask: torch.Tensor) -> TurnSegments:
     """Split each row of ``response_mask`` into turns (maximal runs of ones).
@@ -90,32 +96,24 @@ def segment_turns(response_mask: torch.Tensor) -> TurnSegments:
     batch, response_len = mask.shape
     device = mask.device
 
-    previous = torch.zeros_like(mask)
-    previous[:, 1:] = mask[:, :-1]
-    starts = mask & ~previous
-    turn_count_so_far = starts.cumsum(dim=1)  # (batch, response_len): 1-based index of the current turn
-    if response_len > 0:
-        turns_per_row = turn_count_so_far[:, -1]
-    else:
-        turns_per_row = torch.zeros(batch, dtype=torch.long, device=device)
+    starts = mask.clone()
+    starts[:, 1:] &= ~mask[:, :-1]
+    # Counting starts over the flattened (row-major) batch numbers the turns globally at once.
+    running_count = starts.view(-1).cumsum(0)
+    num_turns = int(running_count[-1]) if running_count.numel() else 0
+    scatter_index = (running_count - 1).masked_fill_(~mask.view(-1), num_turns)
+
+    turns_per_row = starts.sum(dim=1)
+    turn_row = torch.repeat_interleave(torch.arange(batch, device=device), turns_per_row)
     row_offset = turns_per_row.cumsum(0) - turns_per_row
-    num_turns = int(turns_per_row.sum())
-
-    global_id = turn_count_so_far - 1 + row_offset[:, None]
-    token_turn_id = torch.where(mask, global_id, torch.full_like(global_id, -1))
-    scatter_index = torch.where(mask, global_id, torch.full_like(global_id, num_turns)).reshape(-1)
-
+    turn_index = torch.arange(num_turns, device=device) - row_offset[turn_row]
     turn_lengths = torch.bincount(scatter_index, minlength=num_turns + 1)[:num_turns]
-    # nonzero() lists the starts row-major, i.e. in global-id order.
-    start_positions = starts.nonzero()
-    turn_row = start_positions[:, 0]
-    turn_index = turn_count_so_far[turn_row, start_positions[:, 1]] - 1
     return TurnSegments(
-        token_turn_id=token_turn_id,
         scatter_index=scatter_index,
         turn_lengths=turn_lengths,
         turn_row=turn_row,
         turn_index=turn_index,
         turns_per_row=turns_per_row,
         num_turns=num_turns,
+        shape=torch.Size((batch, response_len)),
     )
