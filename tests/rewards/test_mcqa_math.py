@@ -120,3 +120,16 @@ def test_math_unparseable_and_dapo_string_ground_truth():
     prompt = render_dapo_math("What is 30 + 4?")
     assert math_reward.compute_score("dapo_math", prompt, "34")["unparseable"] == 1.0
     assert math_reward.compute_score("dapo_math", prompt + "30 + 4 = 34\nAnswer: 34", "34")["score"] == 1.0
+
+
+def test_options_that_are_letters_themselves():
+    # Real MedMCQA/MedQA rows: option texts "a", "c", "bc", "ad" or "B", "C", "D", "E".
+    lettered = {"choices": ["a", "c", "bc", "ad"]}
+    assert mcqa.compute_score("medmcqa", "<answer>C</answer>", {"target": ["C"]}, lettered)["score"] == 1.0
+    assert mcqa.compute_score("medmcqa", "<answer>bc</answer>", {"target": ["C"]}, lettered)["score"] == 1.0
+    shifted = {"choices": ["B", "C", "D", "E"]}
+    assert mcqa.compute_score("medqa", "<answer>C</answer>", {"target": ["C"]}, shifted)["score"] == 1.0  # letter
+    assert mcqa.compute_score("medqa", "<answer>E</answer>", {"target": ["D"]}, shifted)["score"] == 1.0  # text
+    species = {"choices": ["C. diphtheriae", "C. tetani", "B. anthracis", "E. coli"]}
+    assert mcqa.compute_score("medmcqa", "<answer>C. tetani</answer>", {"target": ["B"]}, species)["score"] == 1.0
+    assert mcqa.compute_score("medmcqa", "<answer>D. E. coli</answer>", {"target": ["D"]}, species)["score"] == 1.0
