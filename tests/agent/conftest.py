@@ -234,3 +234,29 @@ def build_search_r1(tokenizer):
 def run_search_r1(tokenizer):
     """Factory: ``run_search_r1(turns, retriever=None, **options) -> (output, server, retriever)``."""
     return lambda turns, **kwargs: run_loop(tokenizer, turns, **kwargs)
+
+
+@pytest.fixture
+def project_retrieval_server():
+    """The project's FastAPI retrieval server (``sorl_verl.retrieval.server``) over :class:`FakeRetriever`
+    on 127.0.0.1, run by uvicorn in a thread; yields its base URL."""
+    import socket
+
+    import uvicorn
+
+    from sorl_verl.retrieval.server import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(FakeRetriever()), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("retrieval server did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

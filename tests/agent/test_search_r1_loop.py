@@ -236,3 +236,14 @@ def test_runs_on_the_embedded_wikipedia_index(run_search_r1, tokenizer, monkeypa
     # An empty query (Search-R1 sends it as is) gets an empty information block, not a crash.
     assert tokenizer.decode(runs[3][1]) == information_block("")
     assert output.extra_fields["search_r1_searches"] == 2 and output.extra_fields["search_r1_answered"] is True
+
+
+def test_runs_against_the_project_retrieval_server_over_http(
+    run_search_r1, tokenizer, project_retrieval_server, fake_retriever
+):
+    # The server wraps its own FakeRetriever; a second one (deterministic) gives the expected hits.
+    turns = ["<search> Seine river </search>", "<answer> Paris </answer>"]
+    output, _, _ = run_search_r1(turns, retriever=project_retrieval_server + "/retrieve")
+    observation = tokenizer.decode(segments(output)[1][1])
+    assert observation == information_block(format_passages(fake_retriever.search(["Seine river"], 3)[0]))
+    assert output.extra_fields["search_r1_searches"] == 1
