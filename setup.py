@@ -32,6 +32,8 @@ setup(
         "PyStemmer>=2.2",
         "fastapi>=0.110",
         "uvicorn>=0.29",
+        "httptools>=0.6",  # uvicorn's fast HTTP parser (retrieval server latency)
+        "uvloop>=0.19; sys_platform != 'win32'",
         "httpx>=0.27",
         "tqdm>=4.66",
         "matplotlib>=3.8",

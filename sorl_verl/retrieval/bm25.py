@@ -75,14 +75,18 @@ class BM25Retriever:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def query_token_ids(self, query: str) -> list[int]:
-        """Vocabulary ids of a query's stemmed, non-stopword tokens (unknown ones dropped)."""
-        words = self._split(query.lower() if self._lower else query)
+    def terms(self, text: str) -> list[str]:
+        """The index's analysis of ``text``: lower-cased words minus stopwords, stemmed."""
+        words = self._split(text.lower() if self._lower else text)
         words = [w for w in words if w not in self._stopwords]
         if self._stemmer_language:
             # A Stemmer object is not thread-safe, and it is cheap to create.
             words = Stemmer.Stemmer(self._stemmer_language).stemWords(words)
-        return [self._vocab[w] for w in words if w in self._vocab and w != ""]
+        return words
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Vocabulary ids of a query's terms (terms not in the corpus dropped)."""
+        return [self._vocab[w] for w in self.terms(query) if w in self._vocab and w != ""]
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
         if topk <= 0:

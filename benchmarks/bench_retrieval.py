@@ -1,0 +1,213 @@
+"""Retrieval benchmark: BM25 throughput against rank_bm25, retrieval quality, server latency.
+
+    python benchmarks/bench_retrieval.py                 # 10k embedded corpus + server (about a minute)
+    python benchmarks/bench_retrieval.py --synthetic 1000000   # adds a synthetic 1M-passage corpus (~10 min, ~8 GB)
+
+Figures printed:
+
+* recall@3 of the right article on the embedded Wikipedia corpus (questions from
+  descriptions and first sentences with the title removed, see ``sorl_verl.retrieval.quality``);
+* BM25 queries/s for batches of 512 queries, top-3: our ``BM25Retriever`` (bm25s) and
+  ``rank_bm25.BM25Okapi`` on the same tokens and the same queries, in the same run, and the
+  ratio (target >= 20x). rank_bm25 scores every document in Python, so on large corpora it
+  is timed on a subset of the queries (printed) and its rate is extrapolated per query;
+* server latency p50/p99 for single-query requests from 32 concurrent clients on
+  127.0.0.1, server in its own process (target p99 < 100 ms on the 10k corpus).
+
+Synthetic corpus (ours): passages of 100 words drawn independently from the embedded
+corpus's word frequencies (so stopword share and the term-frequency tail look like real
+text); queries are 5 distinct non-stopword words of a random passage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import httpx
+import numpy as np
+from rank_bm25 import BM25Okapi
+
+from sorl_verl.retrieval import build_index, embedded_corpus_path, load_retriever
+from sorl_verl.retrieval.bm25 import top_k_rows
+from sorl_verl.retrieval.corpus import iter_corpus, write_jsonl_atomic
+from sorl_verl.retrieval.quality import load_questions, recall_at_k
+
+BATCH = 512
+TOPK = 3
+
+
+def ours_queries_per_s(retriever, queries: list[str], repeats: int = 3) -> float:
+    """Best of ``repeats`` passes over ``queries`` in batches of 512."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(0, len(queries), BATCH):
+            retriever.search(queries[i : i + BATCH], topk=TOPK)
+        best = min(best, time.perf_counter() - start)
+    return len(queries) / best
+
+
+def rank_bm25_queries_per_s(model: BM25Okapi, query_terms: list[list[str]]) -> float:
+    start = time.perf_counter()
+    for terms in query_terms:
+        top_k_rows(model.get_scores(terms), TOPK)
+    return len(query_terms) / (time.perf_counter() - start)
+
+
+def compare_bm25(name: str, retriever, doc_texts: list[str], queries: list[str], rank_bm25_queries: int) -> None:
+    """Both corpora here use row numbers as document ids, which the top-1 check relies on."""
+    print(f"\n-- BM25 throughput, {name}: {len(retriever):,} docs, {len(queries)} queries, batches of {BATCH}, top-{TOPK}")
+    ours = ours_queries_per_s(retriever, queries)
+    print(f"   ours (bm25s)     : {ours:10.1f} queries/s")
+    start = time.perf_counter()
+    doc_terms = [retriever.terms(t) for t in doc_texts]
+    model = BM25Okapi(doc_terms, k1=0.9, b=0.4)
+    del doc_terms
+    print(f"   rank_bm25 build  : {time.perf_counter() - start:.1f} s (same tokens, k1=0.9 b=0.4)")
+    subset = queries[:rank_bm25_queries]
+    theirs = rank_bm25_queries_per_s(model, [retriever.terms(q) for q in subset])
+    note = "" if len(subset) == len(queries) else f"  (timed on the first {len(subset)} of the {len(queries)} queries)"
+    print(f"   rank_bm25        : {theirs:10.1f} queries/s{note}")
+    print(f"   ratio            : {ours / theirs:10.1f}x   (target >= 20x)")
+    ours_top1 = [hits[0]["document"]["id"] if hits else None for hits in retriever.search(subset[:50], topk=1)]
+    theirs_top1 = [str(int(np.argmax(model.get_scores(retriever.terms(q))))) for q in subset[:50]]
+    agree = np.mean([a == b for a, b in zip(ours_top1, theirs_top1, strict=True)])
+    print(f"   top-1 agreement  : {agree:.2f} on 50 queries (Lucene vs Okapi idf, so not exactly 1)")
+    del model
+
+
+def quality(retriever) -> None:
+    questions = load_questions(embedded_corpus_path())
+    print("\n-- Retrieval quality, embedded Wikipedia (10,033 articles), BM25, recall@3 of the right article")
+    for kind in ("description", "first_sentence"):
+        subset = [q for q in questions if q.kind == kind]
+        print(f"   {kind:15s}: {recall_at_k(retriever, subset, k=3):.3f}  ({len(subset)} questions)")
+
+
+def server_latency(index_dir: Path, clients: int = 32, requests: int = 3200) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(index_dir),
+                             "--port", str(port), "--log-level", "error"], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    questions = [q.text for q in load_questions(embedded_corpus_path())]
+    random.Random(0).shuffle(questions)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                httpx.get(url + "/health", timeout=1).raise_for_status()
+                break
+            except httpx.TransportError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("retrieval server did not start") from None
+                time.sleep(0.2)
+
+        async def run() -> tuple[list[float], float]:
+            # aiohttp rather than httpx: the client shares the CPUs with the server, and httpx's
+            # per-request cost would dominate the figure.
+            latencies: list[float] = []
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+                async def client(worker: int, count: int, record: bool):
+                    for i in range(count):
+                        query = questions[(worker * count + i) % len(questions)]
+                        start = time.perf_counter()
+                        async with session.post(url + "/retrieve", json={"queries": [query], "topk": TOPK,
+                                                                         "return_scores": True}) as reply:
+                            reply.raise_for_status()
+                            await reply.read()
+                        if record:
+                            latencies.append(time.perf_counter() - start)
+
+                await asyncio.gather(*(client(w, 10, False) for w in range(clients)))  # warm-up
+                start = time.perf_counter()
+                await asyncio.gather(*(client(w, requests // clients, True) for w in range(clients)))
+                return latencies, time.perf_counter() - start
+
+        latencies, wall = asyncio.run(run())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ms = np.array(latencies) * 1000
+    print(f"\n-- Server latency, 10k corpus, {clients} concurrent clients, single-query requests, top-{TOPK}, 127.0.0.1")
+    print(f"   {len(ms)} requests in {wall:.1f} s = {len(ms) / wall:.0f} requests/s")
+    print(f"   p50 {np.percentile(ms, 50):.1f} ms   p90 {np.percentile(ms, 90):.1f} ms   "
+          f"p99 {np.percentile(ms, 99):.1f} ms   max {ms.max():.1f} ms   (target p99 < 100 ms)")
+
+
+def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, seed: int = 0) -> list[str]:
+    """Write ``passages`` synthetic passages as corpus JSONL; returns their texts."""
+    counts = Counter()
+    for doc in iter_corpus(embedded_corpus_path()):
+        counts.update(re.findall(r"\w+", doc.contents.lower()))
+    vocab = np.array(list(counts))
+    probs = np.array(list(counts.values()), dtype=np.float64)
+    probs /= probs.sum()
+    rng = np.random.default_rng(seed)
+    texts = []
+    chunk = 50_000
+    for start in range(0, passages, chunk):
+        n = min(chunk, passages - start)
+        words = vocab[rng.choice(len(vocab), size=(n, words_per_passage), p=probs)]
+        texts.extend(" ".join(row) for row in words)
+    write_jsonl_atomic(({"id": str(i), "contents": f'"Synthetic {i}"\n{t}'} for i, t in enumerate(texts)), path)
+    return texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--synthetic", type=int, default=0, metavar="N",
+                        help="also benchmark a synthetic corpus of N passages (the issue's figure: 1000000)")
+    parser.add_argument("--rank-bm25-queries", type=int, default=16,
+                        help="queries timed for rank_bm25 on the synthetic corpus (it is slow there)")
+    parser.add_argument("--no-server", action="store_true")
+    args = parser.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+
+    with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
+        tmp = Path(tmp)
+        start = time.perf_counter()
+        index_10k = build_index(embedded_corpus_path(), tmp / "wiki_bm25", show_progress=False)
+        print(f"built the 10k BM25 index in {time.perf_counter() - start:.1f} s")
+        retriever = load_retriever(index_10k)
+        quality(retriever)
+        questions = [q.text for q in load_questions(embedded_corpus_path())]
+        random.Random(0).shuffle(questions)
+        doc_texts = [doc.contents for doc in iter_corpus(embedded_corpus_path())]
+        compare_bm25("embedded Wikipedia", retriever, doc_texts, questions[: 4 * BATCH], 4 * BATCH)
+        if not args.no_server:
+            server_latency(index_10k)
+
+        if args.synthetic:
+            n = args.synthetic
+            print(f"\n-- Synthetic corpus: {n:,} passages of 100 words")
+            start = time.perf_counter()
+            texts = synthetic_corpus(tmp / "synthetic.jsonl", n)
+            print(f"   generated in {time.perf_counter() - start:.1f} s")
+            start = time.perf_counter()
+            index_big = build_index(tmp / "synthetic.jsonl", tmp / "synthetic_bm25", show_progress=True)
+            print(f"   sorl-index (BM25) built it in {time.perf_counter() - start:.1f} s")
+            big = load_retriever(index_big)
+            rng = random.Random(1)
+            queries = []
+            while len(queries) < BATCH:
+                words = sorted({w for w in texts[rng.randrange(n)].split() if big.terms(w)})
+                queries.append(" ".join(rng.sample(words, min(5, len(words)))))
+            compare_bm25(f"synthetic {n:,}", big, texts, queries, args.rank_bm25_queries)
+
+
+if __name__ == "__main__":
+    main()
