@@ -30,7 +30,7 @@ What is the paper's and what is our reading:
 * Ours: a clipped token is one whose gradient the clip removes: ``A > 0`` and ``w > 1 + eps_high``,
   ``A < 0`` and ``w < 1 - eps_low``, or ``A < 0`` and ``w > clip_ratio_c`` (verl's dual clip). The
   log-ratio is clamped to ``[-20, 20]`` before ``exp`` as verl's ``vanilla`` does. The math runs
-  in float32 whatever the input dtype (bf16 turn means would lose the ratio's precision).
+  in at least float32 (bf16 turn means would lose the ratio's precision; float64 stays float64).
 """
 
 from __future__ import annotations
@@ -101,14 +101,16 @@ def clip_bounds(advantages: torch.Tensor, opts: SorlLossOptions) -> tuple[torch.
     tensor bounds is cheaper than verl's max/min/where chain, forward and backward.
 
     Args:
-        advantages: ``(batch, response_len)`` float32.
+        advantages: ``(batch, response_len)`` float.
 
     Returns:
-        ``(lower, upper)``, both ``(batch, response_len)`` float32, no gradient.
+        ``(lower, upper)``, both ``(batch, response_len)`` in the dtype of ``advantages``.
     """
     negative = advantages < 0
-    lower = negative * (1.0 - opts.clip_ratio_low)
-    upper = torch.where(negative, opts.clip_ratio_c, 1.0 + opts.clip_ratio_high)
+    lower = negative.to(advantages.dtype).mul_(1.0 - opts.clip_ratio_low)
+    upper = torch.where(
+        negative, advantages.new_tensor(opts.clip_ratio_c), advantages.new_tensor(1.0 + opts.clip_ratio_high)
+    )
     return lower, upper
 
 
@@ -207,13 +209,14 @@ def sorl_policy_loss(
     segments = segment_turns(mask)
 
     # 1. Importance ratio (the paper's turn level keeps the gradient through the turn mean).
-    token_log_ratio = log_prob.float() - old_log_prob.float()
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)  # bf16/fp16 -> fp32, fp64 stays
+    token_log_ratio = log_prob.to(dtype) - old_log_prob.to(dtype)
     turn_log_ratio_sum = segments.segment_sum(token_log_ratio)
     log_w = importance_log_ratio(token_log_ratio, turn_log_ratio_sum, opts.ratio_level, segments)
     ratio = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
     # 2. PPO clip + dual clip, as one clamp with per-token bounds.
-    adv = advantages.float()
+    adv = advantages.to(dtype)
     lower, upper = clip_bounds(adv, opts)
     clipped_ratio = torch.clamp(ratio, lower, upper)
 
@@ -227,10 +230,11 @@ def sorl_policy_loss(
         row_weights = aggregation_weights(mask, loss_agg_mode, **global_batch_info)
         signed = ratio_d * adv  # w_t * A_t
         if rollout_is_weights is not None:
-            signed = signed * rollout_is_weights.float()
+            signed = signed * rollout_is_weights.to(dtype)
         squared = signed.square_()
-        c_sq = (squared * clipped).sum(dim=-1) * row_weights.square()
-        g_sq = (squared * kept).sum(dim=-1) * row_weights.square()
+        row_weights_sq = row_weights.to(dtype).square()
+        c_sq = (squared * clipped).sum(dim=-1) * row_weights_sq
+        g_sq = (squared * kept).sum(dim=-1) * row_weights_sq
         if opts.norm_scope == "micro_batch":
             c_sq, g_sq = c_sq.sum().expand_as(c_sq), g_sq.sum().expand_as(g_sq)
         c_norm, g_norm = c_sq.sqrt(), g_sq.sqrt()
@@ -238,10 +242,13 @@ def sorl_policy_loss(
         # -A_t * s_row (* rollout weight): the detached factor of the surrogate.
         loss_weight = adv * (-scale)[:, None] if opts.normalization != "none" else -adv
         if rollout_is_weights is not None:
-            loss_weight = loss_weight * rollout_is_weights.float()
+            loss_weight = loss_weight * rollout_is_weights.to(dtype)
 
     pg_losses = clipped_ratio * loss_weight
-    loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
+    if mask.any():
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
+    else:  # agg_loss would divide 0 by 0 for an all-masked micro-batch without global counts
+        loss = (pg_losses * 0.0).sum()
 
     metrics = _diagnostics(
         segments, mask, turn_log_ratio_sum.detach(), above & (adv > 0), below, above & (adv < 0), scale, c_norm, g_norm
