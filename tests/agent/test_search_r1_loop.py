@@ -204,7 +204,7 @@ def test_retrieval_failure_raises(run_search_r1):
 def test_options_from_the_example_agent_loop_config(build_search_r1, scripted_server):
     entries = OmegaConf.load(REPO / "examples/configs/search_r1_agent.yaml")
     (entry,) = [e for e in entries if e.name == "search_r1"]
-    options = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
+    options = {k: v for k, v in entry.items() if k != "_target_"}  # "name" reaches the class, as in verl
     options.update(max_turns=7, topk=5)
 
     async def build():
