@@ -1,0 +1,226 @@
+"""The cpu platform is opt-in, registers what verl looks up, and the hf rollout samples correctly."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from sorl_verl.models import build_tiny_model
+from sorl_verl.platform import cpu_selected
+from sorl_verl.platform.cpu_overrides import cpu_overrides
+from sorl_verl.platform.hf_generate import GenerationRequest, generate_batch, sample_next_token
+
+PROBE = """
+import verl
+from verl.plugin.platform import get_platform
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+print(get_platform().device_name, "hf" in RolloutReplicaRegistry._registry, ("hf", "async") in _ROLLOUT_REGISTRY)
+"""
+
+
+def _probe(env_platform, *argv):
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    if env_platform:
+        env["VERL_PLATFORM"] = env_platform
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_selection_rules():
+    assert cpu_selected(argv=["x"], environ={"VERL_PLATFORM": "cpu"})
+    assert cpu_selected(argv=["x"], environ={"VERL_PLATFORM": " CPU "})
+    assert cpu_selected(argv=["main_ppo", "a=1", "trainer.device=cpu"], environ={})
+    assert cpu_selected(argv=["main_ppo", "++trainer.device=cpu"], environ={})
+    assert not cpu_selected(argv=["main_ppo", "trainer.device=cuda"], environ={})
+    assert not cpu_selected(argv=["main_ppo"], environ={"VERL_PLATFORM": "nvidia"})
+    assert not cpu_selected(argv=["main_ppo", "x.trainer.device=cpu"], environ={})
+
+
+@pytest.mark.slow
+def test_inactive_by_default_active_when_selected():
+    # default: verl's own detection (no GPU here -> its 'nvidia' fallback), nothing of ours registered
+    assert _probe(None) == "cuda False False"
+    assert _probe("cpu") == "cpu True True"
+    assert _probe(None, "trainer.device=cpu") == "cpu True True"
+
+
+def test_platform_never_auto_detected_and_answers_cpu_questions():
+    from sorl_verl.platform.cpu import CPU_DEVICE_MODULE, PlatformCPU
+
+    platform = PlatformCPU()
+    assert not platform.is_platform_available(use_smi_check=True)
+    assert platform.current_device() == torch.device("cpu")
+    assert platform.communication_backend_name() == "gloo"
+    assert platform.ray_resource_name() == "GPU"
+    free, total = CPU_DEVICE_MODULE.mem_get_info()
+    assert 0 < free <= total
+    state = CPU_DEVICE_MODULE.get_rng_state()
+    first = torch.rand(3)
+    CPU_DEVICE_MODULE.set_rng_state(state)
+    assert torch.equal(first, torch.rand(3))
+    assert CPU_DEVICE_MODULE.get_device_name() == "CPU"
+
+
+def test_version_check(monkeypatch):
+    import verl
+
+    from sorl_verl.platform import patches
+
+    monkeypatch.setattr(verl, "__version__", "0.7.0")
+    with pytest.raises(RuntimeError, match="tested with verl 0.9.1"):
+        patches.check_verl_version()
+
+
+def test_overrides_cover_the_cpu_facts():
+    overrides = cpu_overrides(num_workers=2)
+    for needed in (
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "++ray_kwargs.ray_init.num_gpus=2",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+    ):
+        assert needed in overrides
+    keys = [o.lstrip("+").split("=", 1)[0] for o in overrides]
+    assert len(keys) == len(set(keys)), "an override is given twice"
+
+
+# -- sampling --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", extra_tokens=("</search>", "</answer>"))
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    return path, model, AutoTokenizer.from_pretrained(path)
+
+
+def test_sample_next_token_filters():
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]] * 3)
+    generator = torch.Generator().manual_seed(0)
+    # greedy, top_k=1, and a tiny top_p all pick the argmax
+    for temperature, top_k, top_p in ((0.0, -1, 1.0), (1.0, 1, 1.0), (1.0, -1, 1e-3)):
+        tokens, log_probs = sample_next_token(
+            logits, torch.full((3,), temperature), torch.full((3,), top_k), torch.full((3,), top_p), generator
+        )
+        assert tokens.tolist() == [1, 1, 1]
+        assert torch.isfinite(log_probs).all()
+    # top_k=2 never leaves the two best tokens
+    tokens, _ = sample_next_token(
+        logits.repeat(100, 1), torch.full((300,), 5.0), torch.full((300,), 2), torch.ones(300), generator
+    )
+    assert set(tokens.tolist()) <= {1, 2} and len(set(tokens.tolist())) == 2
+
+
+def test_log_probs_are_the_models(tiny):
+    _, model, tok = tiny
+    requests = [
+        GenerationRequest(prompt_ids=tok.encode("hello world"), max_tokens=12, temperature=0.8, logprobs=True),
+        GenerationRequest(prompt_ids=tok.encode("a"), max_tokens=12, temperature=1.0, logprobs=True),
+    ]
+    results = generate_batch(model, tok, requests, [tok.eos_token_id], tok.pad_token_id, torch.Generator().manual_seed(1))
+    for request, result in zip(requests, results, strict=True):
+        ids = torch.tensor([request.prompt_ids + result.token_ids])
+        logits = model(ids).logits[0, len(request.prompt_ids) - 1 : -1] / request.temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(request.prompt_ids) :, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_matches_hf_generate(tiny):
+    _, model, tok = tiny
+    prompt = tok.encode("The quick brown fox")
+    ours = generate_batch(
+        model, tok, [GenerationRequest(prompt_ids=prompt, max_tokens=10, temperature=0.0, ignore_eos=True)], [], 0
+    )[0]
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert ours.token_ids == reference[0, len(prompt) :].tolist()
+    assert ours.finish_reason == "length"
+
+
+def test_stop_strings_stop_right_after_completion(tiny):
+    _, model, tok = tiny
+    prompt = tok.encode("Question")
+    free = generate_batch(
+        model, tok, [GenerationRequest(prompt_ids=prompt, max_tokens=40, temperature=0.0, ignore_eos=True)], [], 0
+    )[0]
+    text = tok.decode(free.token_ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 2]  # a stop string the greedy text contains
+    assert stop and stop in text
+    stopped = generate_batch(
+        model,
+        tok,
+        [GenerationRequest(prompt_ids=prompt, max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop])],
+        [],
+        0,
+    )[0]
+    out = tok.decode(stopped.token_ids)
+    assert stop in out and stop not in tok.decode(stopped.token_ids[:-1])
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+    assert stopped.finish_reason == "stop"
+
+
+def test_eos_and_max_tokens(tiny):
+    _, model, tok = tiny
+    prompt = tok.encode("hi")
+    forced_eos = generate_batch(
+        model, tok, [GenerationRequest(prompt_ids=prompt, max_tokens=5, temperature=0.0)], list(range(len(tok))), 0
+    )[0]
+    assert len(forced_eos.token_ids) == 1 and forced_eos.finish_reason == "stop"
+    capped = generate_batch(
+        model, tok, [GenerationRequest(prompt_ids=prompt, max_tokens=3, temperature=1.0, ignore_eos=True)], [], 0
+    )[0]
+    assert len(capped.token_ids) == 3 and capped.finish_reason == "length"
+
+
+def test_request_parsing():
+    request = GenerationRequest.from_sampling_params(
+        [1, 2],
+        {"temperature": 0.5, "top_p": 0.9, "top_k": None, "logprobs": True, "stop": "</a>", "max_new_tokens": 7},
+        default_max_tokens=99,
+    )
+    assert (request.max_tokens, request.top_k, request.stop, request.logprobs) == (7, -1, ["</a>"], True)
+    assert GenerationRequest.from_sampling_params([1], {}, default_max_tokens=99).max_tokens == 99
+    with pytest.raises(ValueError, match="n=2"):
+        GenerationRequest.from_sampling_params([1], {"n": 2}, default_max_tokens=9)
+
+
+def test_server_batches_concurrent_requests_and_swaps_weights(tiny):
+    from verl.workers.config import RolloutConfig
+
+    from sorl_verl.platform.hf_rollout import HFRolloutServer
+
+    path, _, tok = tiny
+    server = HFRolloutServer(
+        RolloutConfig(name="hf", prompt_length=32, response_length=8),
+        SimpleNamespace(local_path=str(path), path=str(path), trust_remote_code=False),
+    )
+
+    async def scenario():
+        params = {"temperature": 1.0, "logprobs": True}
+        outs = await asyncio.gather(
+            *[server.generate(tok.encode(f"q{i}"), dict(params), request_id=str(i)) for i in range(4)]
+        )
+        state = await server.get_state_dict()
+        zeros = {name: torch.zeros_like(t) for name, t in state.items()}
+        assert await server.update_weights(zeros, global_steps=3) == len(zeros)
+        after = await server.generate(tok.encode("q"), {"temperature": 1.0, "logprobs": True}, request_id="x")
+        with pytest.raises(KeyError, match="does not have"):
+            await server.update_weights({"not.a.weight": torch.zeros(1)})
+        return outs, after
+
+    outs, after = asyncio.run(scenario())
+    assert all(1 <= len(o.token_ids) <= 8 and len(o.log_probs) == len(o.token_ids) for o in outs)
+    # all-zero weights: uniform next-token distribution, so every log-prob is -log(vocab)
+    vocab = server.model.config.vocab_size
+    torch.testing.assert_close(torch.tensor(after.log_probs), torch.full((len(after.token_ids),), -torch.log(torch.tensor(float(vocab)))))
+    assert after.extra_fields["global_steps"] == 3
