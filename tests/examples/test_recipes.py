@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -190,3 +190,34 @@ def test_helper_commands_match_their_help(script, tmp_path):
             if arg.startswith("--"):
                 flag = arg.split("=", 1)[0]
                 assert flag in text, f"{script}: {' '.join(command[-1:])} has no {flag}"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """verl's checks load the model's HF config and tokenizer: the project's tiny local Qwen2, no download."""
+    from sorl_verl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "Qwen2.5-3B", vocab_size=300)
+
+
+# One algorithm per code path of verl's validation: token critic (gae), no critic (grpo), turn critic.
+VALIDATED_ALGOS = ["ppo", "so_grpo", "st_ppo_turn_gae"]
+
+
+@pytest.mark.slow  # imports verl and builds a tiny model: ~30 s on a loaded 2-core machine
+@pytest.mark.parametrize("recipe", TRAIN_RECIPES, ids=lambda p: p.parent.name)
+def test_verl_accepts_the_values(recipe, tmp_path, tiny_model):
+    """verl's own start-up validation (what main_ppo.main runs first): batch divisibility, the actor's
+    and critic's dataclasses (loss names, aggregation mode, micro batches), the critic/reference switches."""
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    for algo in VALIDATED_ALGOS:
+        critic = ALGOS[algo][2]
+        _, commands = dry_run(recipe, tmp_path, ALGO=algo, MODEL=str(tiny_model), HF_HUB_OFFLINE="1")
+        cfg = compose(trainer_overrides(commands))
+        with open_dict(cfg):
+            del cfg["hydra"]  # what main_ppo.main receives has no hydra node
+        assert need_critic(cfg) == critic, algo
+        assert need_reference_policy(cfg), algo  # KL to the reference in every recipe (Search-R1)
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
