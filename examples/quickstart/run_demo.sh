@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The CPU quick start (`make demo`): verl's real trainer, the search_r1 agent loop, a tiny model.
+#
+#   bash examples/quickstart/run_demo.sh [ALGO] [--out RUN_DIR] [hydra overrides...]
+#
+# ALGO: so_grpo (default) ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae (examples/common.sh).
+# 1. embedded task: made-up facts added to the shipped Wikipedia corpus, BM25 index, parquet rows
+# 2. tiny Qwen2 + local BPE tokenizer, warm-started by SFT on Search-R1 demonstrations
+# 3. python -m verl.trainer.main_ppo on CPU: validation, STEPS training steps, validation
+# 4. run folder: config, metrics-*.jsonl, checkpoints/, plots/*.png, summary table
+#
+# Resume: give the same --out again; steps 1-2 are skipped and verl resumes from the latest
+# checkpoint in RUN_DIR/checkpoints (trainer.resume_mode=auto). Raise STEPS to train further.
+# Settings are environment variables (below); common.sh documents the shared ones.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+STARTED_AT="$(date +%s)"
+
+ALGO="${1:-so_grpo}"
+(($#)) && shift
+OUT=""
+if [[ "${1:-}" == "--out" ]]; then
+  [[ -n "${2:-}" ]] || { echo "error: --out needs a folder" >&2; exit 1; }
+  OUT="$2"
+  shift 2
+fi
+export ALGO
+
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
+export PYTHON
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+export TOKENIZERS_PARALLELISM=false
+
+RUN_DIR="${OUT:-$REPO/runs/$ALGO-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$RUN_DIR"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+RUN_NAME="$(basename "$RUN_DIR")"
+
+# ---- the demo's scale (ours: what fits ~15 minutes on 2 CPU cores)
+STEPS="${STEPS:-20}"
+TOTAL_STEPS="$STEPS"
+TOTAL_EPOCHS="${TOTAL_EPOCHS:-100}"
+SAVE_FREQ="${SAVE_FREQ:-10}"
+TEST_FREQ="${TEST_FREQ:-10}"
+NNODES=1
+N_GPUS_PER_NODE=1
+MODEL="$RUN_DIR/model"
+TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-16}"
+PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-16}"
+MICRO_BATCH_PER_GPU="${MICRO_BATCH_PER_GPU:-64}"
+LOG_PROB_MICRO_BATCH_PER_GPU="${LOG_PROB_MICRO_BATCH_PER_GPU:-64}"
+GROUP_SIZE="${GROUP_SIZE:-4}"
+ACTOR_LR="${ACTOR_LR:-1e-4}"
+CRITIC_LR="${CRITIC_LR:-1e-3}"
+ACTOR_WARMUP_RATIO="${ACTOR_WARMUP_RATIO:-0}"
+CRITIC_WARMUP_RATIO="${CRITIC_WARMUP_RATIO:-0}"
+# search_r1 loop; TOPK and MAX_OBS_LENGTH also shape the SFT demonstrations
+MAX_TURNS="${MAX_TURNS:-2}"
+TOPK="${TOPK:-2}"
+MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-96}"
+MAX_TOKENS_PER_TURN="${MAX_TOKENS_PER_TURN:-32}"
+MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-128}"
+# the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
+RETRIEVER_URL="$RUN_DIR/task/index"
+PROJECT="${PROJECT:-sorl-quickstart}"
+
+# shellcheck source=../common.sh
+source "$REPO/examples/common.sh"
+
+echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
+"$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
+  ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
+tail -n +1 "$RUN_DIR/prepare.json" | head -c 2000 >&2 || true
+
+sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
+read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
+
+echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
+# Ray: a private temp dir (other Ray clusters may run on this machine); Ray picks free ports.
+RAY_TMP="$(mktemp -d /tmp/ray_qs.XXXXXX)"
+trap 'rm -rf "$RAY_TMP"' EXIT
+set +e
+sorl_launch \
+  "data.train_files=$RUN_DIR/task/train.parquet" \
+  "data.val_files=$RUN_DIR/task/val.parquet" \
+  "actor_rollout_ref.rollout.agent.default_agent_loop=search_r1" \
+  "actor_rollout_ref.rollout.agent.agent_loop_config_path=$RUN_DIR/search_r1_agent.yaml" \
+  "${CPU_OVERRIDES[@]}" \
+  "+ray_kwargs.ray_init._temp_dir=$RAY_TMP" \
+  `# no reference model on CPU: KL terms off (the demo is short; the SFT policy is the anchor)` \
+  "actor_rollout_ref.actor.use_kl_loss=False" \
+  "algorithm.use_kl_in_reward=False" \
+  "actor_rollout_ref.actor.entropy_coeff=0" \
+  "trainer.resume_mode=auto" \
+  "trainer.log_val_generations=0" \
+  -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT"
+TRAIN_RC=${PIPESTATUS[0]}
+set -e
+
+echo "== [4/4] report" >&2
+"$PYTHON" -m sorl_verl.quickstart report "$RUN_DIR" --algo "$ALGO" --started-at "$STARTED_AT"
+if ((TRAIN_RC != 0)); then
+  echo "error: the trainer exited with status $TRAIN_RC; see $RUN_DIR/train.log" >&2
+  exit "$TRAIN_RC"
+fi

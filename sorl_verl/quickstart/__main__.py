@@ -1,0 +1,99 @@
+"""Command line of the quick start's Python steps (``examples/quickstart/run_demo.sh`` calls them).
+
+    python -m sorl_verl.quickstart prepare RUN_DIR [--topk 2 --max-obs-length 96 ...]
+    python -m sorl_verl.quickstart report RUN_DIR [--algo so_grpo --started-at EPOCH_SECONDS]
+    ... | python -m sorl_verl.quickstart progress RUN_DIR/train.log   (terminal filter of the trainer's output)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from sorl_verl.quickstart.prepare import PrepareConfig, prepare
+
+    cfg = PrepareConfig()
+    sizes = dict(cfg.sizes)
+    for split in ("sft", "train", "val"):
+        value = getattr(args, f"n_{split}")
+        if value is not None:
+            sizes[split] = value
+    cfg.sizes = sizes
+    for f in fields(PrepareConfig):
+        value = getattr(args, f.name, None)
+        if f.name != "sizes" and value is not None:
+            setattr(cfg, f.name, value)
+    info = prepare(args.run_dir, cfg, show_progress=not args.quiet)
+    print(json.dumps(info, indent=2))
+
+
+def _report(args: argparse.Namespace) -> None:
+    from sorl_verl.quickstart.summary import report_run
+
+    text = report_run(args.run_dir, algo=args.algo, started_at=args.started_at)
+    print(text)
+
+
+def _progress(args: argparse.Namespace) -> None:
+    import time
+
+    from sorl_verl.quickstart.report import parse_console_line, progress_line
+
+    started = time.time() if args.started_at is None else args.started_at
+    with open(args.log, "a", encoding="utf-8") as log:
+        for line in sys.stdin:
+            log.write(line)
+            log.flush()
+            parsed = parse_console_line(line)
+            if parsed is not None:
+                print(progress_line(*parsed, time.time() - started), file=sys.stderr, flush=True)
+            elif "Traceback" in line or "Error" in line:
+                print(line.rstrip()[:300], file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sorl_verl.quickstart", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="steps 1-2: task, index, tiny model, SFT warm start (skipped if done)")
+    p.add_argument("run_dir", type=Path)
+    for split in ("sft", "train", "val"):
+        p.add_argument(f"--n-{split}", type=int, help=f"number of {split} facts")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--topk", type=int, help="passages per search (must match the agent loop's)")
+    p.add_argument("--max-obs-length", type=int, help="observation tokens kept (must match the agent loop's)")
+    p.add_argument("--no-wiki", dest="include_wiki", action="store_const", const=False, help="KB documents only")
+    p.add_argument("--hidden-size", type=int)
+    p.add_argument("--num-layers", type=int)
+    p.add_argument("--vocab-size", type=int)
+    p.add_argument("--sft-steps", type=int)
+    p.add_argument("--sft-batch-size", type=int)
+    p.add_argument("--sft-lr", type=float)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_prepare)
+
+    r = sub.add_parser("report", help="step 4: resolved config, plots, summary table of a run folder")
+    r.add_argument("run_dir", type=Path)
+    r.add_argument("--algo", default=None)
+    r.add_argument("--started-at", type=float, default=None, help="epoch seconds at the start (for the wall time)")
+    r.set_defaults(func=_report)
+
+    g = sub.add_parser("progress", help="copy stdin to LOG, print one short line per logged trainer step")
+    g.add_argument("log", type=Path)
+    g.add_argument("--started-at", type=float, default=None)
+    g.set_defaults(func=_progress)
+
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Steps 1-2 of the quick start: the embedded task and its index, then the warm-started tiny model.
+
+Writes into a run folder::
+
+    task/facts.jsonl           the generated facts (entity, relation, value, split, doc id)
+    task/corpus.jsonl.gz       embedded Wikipedia summaries + one document per fact
+    task/index/                BM25 index of that corpus (sorl_verl.retrieval)
+    task/train.parquet         RL prompts (verl rows, agent_name search_r1)
+    task/val.parquet           validation prompts (entities seen neither in SFT nor RL)
+    model/                     tiny Qwen2 + tokenizer after the SFT warm start
+    prepare.json               settings, sizes, timings, SFT losses (written last: marks completion)
+
+Our design (not the paper's); see :mod:`sorl_verl.quickstart.task` and :mod:`.sft`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sorl_verl.quickstart.task import (
+    SEARCH_R1_TAGS,
+    Fact,
+    corpus_vocabulary,
+    demonstration,
+    fact_documents,
+    fact_row,
+    generate_facts,
+    prompt_messages,
+    write_facts,
+)
+
+PREPARE_MARKER = "prepare.json"
+
+
+@dataclass
+class PrepareConfig:
+    """Sizes and model settings of the quick start (defaults: what fits ~15 min on 2 cores)."""
+
+    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 3000, "train": 1000, "val": 64})
+    seed: int = 0
+    include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
+    topk: int = 2  # passages per search, in the demonstrations and in the agent loop
+    max_obs_length: int = 96  # observation tokens kept, in the demonstrations and in the agent loop
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    num_layers: int = 2
+    sft_steps: int = 400
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+
+
+def _write_parquet_atomic(rows: list[dict], path: Path) -> None:
+    import pandas as pd
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        pd.DataFrame(rows).to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
+    """Facts, corpus, BM25 index and parquet files in ``task_dir``; returns the facts."""
+    from sorl_verl.retrieval import build_index, embedded_corpus_path
+    from sorl_verl.retrieval.corpus import iter_corpus, write_jsonl_atomic
+
+    task_dir.mkdir(parents=True, exist_ok=True)
+    base_rows = []
+    if cfg.include_wiki:
+        base_rows = [{"id": f"wiki-{d.id}", "contents": d.contents} for d in iter_corpus(embedded_corpus_path())]
+    facts = generate_facts(cfg.sizes, seed=cfg.seed, reserved_words=corpus_vocabulary(r["contents"] for r in base_rows))
+    write_facts(facts, task_dir / "facts.jsonl")
+    corpus_path = task_dir / "corpus.jsonl.gz"
+    write_jsonl_atomic(base_rows + fact_documents(facts), corpus_path)
+    build_index(corpus_path, task_dir / "index", method="bm25", overwrite=True, show_progress=False)
+    for split in ("train", "val"):
+        rows = [fact_row(f, i) for i, f in enumerate(f for f in facts if f.split == split)]
+        _write_parquet_atomic(rows, task_dir / f"{split}.parquet")
+    return facts
+
+
+def demonstration_segments(facts: list[Fact], index_dir: Path, topk: int) -> list[list[tuple[str, bool]]]:
+    """Each fact's demonstration, with the observation the agent loop would show for its query."""
+    from sorl_verl.agent.retrieval_client import format_passages
+    from sorl_verl.agent.search_r1_loop import information_block
+    from sorl_verl.retrieval import load_retriever
+
+    retriever = load_retriever(index_dir)
+    hit_lists = retriever.search([f.query for f in facts], topk=topk)
+    return [demonstration(f, information_block(format_passages(hits))) for f, hits in zip(facts, hit_lists, strict=True)]
+
+
+def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
+    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats."""
+    from transformers import AutoTokenizer
+
+    from sorl_verl.models.tiny import build_tiny_model
+    from sorl_verl.quickstart.sft import tokenize_trajectory, train_sft
+
+    sft_facts = [f for f in facts if f.split == "sft"]
+    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk)
+    texts = [f.question for f in facts] + [f.document_text for f in facts]
+    texts += [text for demo in segments for text, _ in demo]
+    model_dir = build_tiny_model(
+        run_dir / "model",
+        texts=texts,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        intermediate_size=3 * cfg.hidden_size,
+        extra_tokens=SEARCH_R1_TAGS,
+        seed=cfg.seed,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    examples = [
+        tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
+        for f, demo in zip(sft_facts, segments, strict=True)
+    ]
+    losses = train_sft(
+        model_dir,
+        examples,
+        steps=cfg.sft_steps,
+        batch_size=cfg.sft_batch_size,
+        lr=cfg.sft_lr,
+        seed=cfg.seed,
+        show_progress=show_progress,
+    )
+    meta = json.loads((model_dir / "sorl_tiny_model.json").read_text(encoding="utf-8"))
+    return {
+        "n_params": meta["n_params"],
+        "vocab_size": meta["vocab_size"],
+        "sft_examples": len(examples),
+        "sft_mean_tokens": sum(len(e.input_ids) for e in examples) / len(examples),
+        "sft_loss_first": losses[0],
+        "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+    }
+
+
+def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_progress: bool = True) -> dict:
+    """Run steps 1-2 into ``run_dir`` unless ``prepare.json`` says they are done; returns its content."""
+    cfg = cfg or PrepareConfig()
+    run_dir = Path(run_dir)
+    marker = run_dir / PREPARE_MARKER
+    if marker.is_file():
+        return json.loads(marker.read_text(encoding="utf-8"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    facts = build_task(run_dir / "task", cfg)
+    task_seconds = time.time() - started
+    model_stats = build_model(run_dir, facts, cfg, show_progress=show_progress)
+    info = {
+        "config": asdict(cfg),
+        "facts": {s: sum(f.split == s for f in facts) for s in ("sft", "train", "val")},
+        "task_seconds": round(task_seconds, 1),
+        "model_seconds": round(time.time() - started - task_seconds, 1),
+        **model_stats,
+    }
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, marker)
+    return info

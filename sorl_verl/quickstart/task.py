@@ -1,0 +1,232 @@
+"""The quick start's embedded task: fictional facts, only findable through the search engine.
+
+Nothing here is from the SORL paper; it is our design for a task that a ~1M-parameter model
+can learn on two CPU cores in minutes, while still needing the multi-turn search loop:
+
+- a generated knowledge base of fictional entities (made-up names, deterministic from a
+  seed), one fact each, in one of three relations (country -> capital, town -> river,
+  city -> founder). Each fact is one short document, appended to the embedded Wikipedia
+  corpus (when given), so BM25 searches the real ~10k summaries plus these documents;
+- questions about those entities ("What is the capital of Velmora?"). The answer is a
+  made-up word, so no model can know it: it must search, and it can then copy the answer
+  from the top document. Train and validation use disjoint entities, so validation
+  questions can only be answered by searching (the SFT pass never saw their facts; the RL
+  prompts are a third disjoint set, so RL too must improve searching and copying, not recall);
+- demonstration trajectories in the Search-R1 format for the SFT warm start:
+  ``<think> .. </think>\\n<search> query </search>``, then the retrieved
+  ``<information> .. </information>`` (appended by the environment), then
+  ``<think> .. </think>\\n<answer> value </answer>``.
+
+Rows are written in verl's parquet format (``prompt`` chat messages, ``reward_model``
+with ``ground_truth.target``, ``agent_name`` = ``search_r1``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# The tags of the Search-R1 format (made single tokens of the tiny tokenizer).
+SEARCH_R1_TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>")
+
+# Our short version of Search-R1's instruction: the original (about 100 words) would be
+# most of every sequence for a tiny model; the protocol it states is the same.
+INSTRUCTION = (
+    "Answer the question. Think inside <think> </think>. To search, write <search> query </search>; "
+    "results come back inside <information> </information>. Give the final answer as <answer> answer </answer>."
+)
+
+DATA_SOURCE = "sorl_quickstart"
+AGENT_NAME = "search_r1"
+
+
+@dataclass(frozen=True)
+class Relation:
+    """One kind of fact. Templates use ``{entity}`` and ``{value}``."""
+
+    name: str
+    question: str
+    document: str
+    query: str
+    think_search: str
+    think_answer: str
+
+
+RELATIONS = (
+    Relation(
+        name="capital",
+        question="What is the capital of {entity}?",
+        document="{entity} is a small country. Its capital is {value}.",
+        query="{entity} capital",
+        think_search="I need the capital of {entity}.",
+        think_answer="The capital is {value}.",
+    ),
+    Relation(
+        name="river",
+        question="Which river flows through {entity}?",
+        document="{entity} is an old town. The river {value} flows through it.",
+        query="{entity} river",
+        think_search="I need the river of {entity}.",
+        think_answer="The river is {value}.",
+    ),
+    Relation(
+        name="founder",
+        question="Who founded the city of {entity}?",
+        document="{entity} is a city. It was founded by {value}.",
+        query="{entity} founder",
+        think_search="I need the founder of {entity}.",
+        think_answer="The founder is {value}.",
+    ),
+)
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+
+
+@dataclass(frozen=True)
+class Fact:
+    entity: str
+    relation: str
+    value: str
+    split: str  # "sft", "train" or "val"
+    doc_id: str
+
+    @property
+    def rel(self) -> Relation:
+        return _RELATIONS_BY_NAME[self.relation]
+
+    @property
+    def question(self) -> str:
+        return self.rel.question.format(entity=self.entity)
+
+    @property
+    def document_text(self) -> str:
+        return self.rel.document.format(entity=self.entity, value=self.value)
+
+    @property
+    def query(self) -> str:
+        return self.rel.query.format(entity=self.entity)
+
+
+_RELATIONS_BY_NAME = {r.name: r for r in RELATIONS}
+
+
+def _pseudo_word(rng: random.Random, syllables: int) -> str:
+    word = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
+    if rng.random() < 0.5:
+        word += rng.choice("nrsl")
+    return word.capitalize()
+
+
+def _unique_words(rng: random.Random, count: int, syllables: tuple[int, ...], taken: set[str]) -> list[str]:
+    words: list[str] = []
+    attempts = 0
+    while len(words) < count:
+        attempts += 1
+        if attempts > 200 * count + 1000:
+            raise RuntimeError(f"could not draw {count} unique made-up words (increase the syllable range)")
+        word = _pseudo_word(rng, rng.choice(syllables))
+        if word.lower() in taken:
+            continue
+        taken.add(word.lower())
+        words.append(word)
+    return words
+
+
+def corpus_vocabulary(texts: Iterable[str]) -> set[str]:
+    """Lower-cased words of the base corpus: made-up names must not collide with real ones."""
+    vocab: set[str] = set()
+    for text in texts:
+        vocab.update(w.lower() for w in re.findall(r"[A-Za-z]+", text))
+    return vocab
+
+
+SPLITS = ("sft", "train", "val")
+
+
+def generate_facts(
+    sizes: dict[str, int], seed: int = 0, values_per_relation: int = 24, reserved_words: set[str] | None = None
+) -> list[Fact]:
+    """Draw facts about distinct made-up entities, ``sizes[split]`` of each split (deterministic in ``seed``).
+
+    Splits: ``sft`` (demonstrations of the warm start), ``train`` (RL prompts) and ``val``
+    (validation). Their entities are disjoint, so RL and validation questions are about
+    facts the warm start never saw: answering needs a search. Values come from a small pool
+    per relation (``values_per_relation`` made-up words), shared by all splits.
+    ``reserved_words`` (lower case, e.g. the base corpus vocabulary) are never drawn.
+    """
+    unknown = set(sizes) - set(SPLITS)
+    if unknown or any(int(sizes.get(s, 0)) < 1 for s in SPLITS):
+        raise ValueError(f"sizes must give a count >= 1 for each of {SPLITS}, got {sizes}")
+    rng = random.Random(seed)
+    taken = set(reserved_words or ())
+    total = sum(int(sizes[s]) for s in SPLITS)
+    entities = _unique_words(rng, total, (2, 3), taken)
+    pools = {r.name: _unique_words(rng, values_per_relation, (2,), taken) for r in RELATIONS}
+    split_of = [s for s in SPLITS for _ in range(int(sizes[s]))]
+    facts = []
+    for i, (entity, split) in enumerate(zip(entities, split_of, strict=True)):
+        relation = RELATIONS[i % len(RELATIONS)]
+        value = rng.choice(pools[relation.name])
+        facts.append(Fact(entity=entity, relation=relation.name, value=value, split=split, doc_id=f"kb-{i}"))
+    return facts
+
+
+def fact_documents(facts: Iterable[Fact]) -> list[dict]:
+    """Search-R1 corpus rows ``{"id", "contents": '"Title"\\ntext'}`` for the facts."""
+    return [{"id": f.doc_id, "contents": f'"{f.entity}"\n{f.document_text}'} for f in facts]
+
+
+def prompt_messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": f"{INSTRUCTION}\nQuestion: {question}"}]
+
+
+def fact_row(fact: Fact, index: int) -> dict:
+    """One verl parquet row (the layout of the project's data preparation)."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": prompt_messages(fact.question),
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": [fact.value]}},
+        # reward_fn: the reward router (reward_fns.compute_score) scores this custom source with qa_em
+        "extra_info": {
+            "split": fact.split,
+            "index": index,
+            "question": fact.question,
+            "relation": fact.relation,
+            "reward_fn": "qa_em",
+        },
+        "agent_name": AGENT_NAME,
+    }
+
+
+def demonstration(fact: Fact, information: str) -> list[tuple[str, bool]]:
+    """A Search-R1 trajectory as ``(text, trainable)`` segments after the prompt.
+
+    ``information`` is the exact text the environment appends after ``</search>`` (built by
+    the agent loop's formatter from the retriever's hits); it is not trainable.
+    """
+    rel = fact.rel
+    return [
+        (f"<think> {rel.think_search.format(entity=fact.entity)} </think>\n<search> {fact.query} </search>", True),
+        (information, False),
+        (f"<think> {rel.think_answer.format(value=fact.value)} </think>\n<answer> {fact.value} </answer>", True),
+    ]
+
+
+def write_facts(facts: list[Fact], path: Path) -> None:
+    path.write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
+
+
+def read_facts(path: Path) -> list[Fact]:
+    facts = []
+    for line_number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            facts.append(Fact(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}:{line_number}: not a fact row ({e})") from None
+    return facts

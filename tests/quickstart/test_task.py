@@ -1,0 +1,105 @@
+"""The quick start's embedded task: deterministic, answers only in the corpus, rows scoreable."""
+
+import re
+
+import pytest
+
+from sorl_verl.quickstart.task import (
+    RELATIONS,
+    SPLITS,
+    demonstration,
+    fact_documents,
+    fact_row,
+    generate_facts,
+    read_facts,
+    write_facts,
+)
+
+SIZES = {"sft": 60, "train": 30, "val": 12}
+
+
+def test_generation_is_deterministic_and_seed_dependent():
+    assert generate_facts(SIZES, seed=3) == generate_facts(SIZES, seed=3)
+    assert generate_facts(SIZES, seed=3) != generate_facts(SIZES, seed=4)
+
+
+def test_splits_sizes_and_disjoint_entities():
+    facts = generate_facts(SIZES, seed=0)
+    for split in SPLITS:
+        assert sum(f.split == split for f in facts) == SIZES[split]
+    entities = [f.entity.lower() for f in facts]
+    assert len(set(entities)) == len(entities)
+    values = {f.value.lower() for f in facts}
+    assert not values & set(entities), "a value must never be another entity's name"
+    assert {f.relation for f in facts} == {r.name for r in RELATIONS}
+
+
+def test_reserved_words_never_drawn():
+    facts = generate_facts(SIZES, seed=0)
+    reserved = {facts[0].entity.lower(), facts[1].value.lower()}
+    again = generate_facts(SIZES, seed=0, reserved_words=reserved)
+    drawn = {f.entity.lower() for f in again} | {f.value.lower() for f in again}
+    assert not drawn & reserved
+
+
+def test_answer_is_in_its_document_and_not_in_the_question():
+    facts = generate_facts(SIZES, seed=1)
+    docs = {d["id"]: d["contents"] for d in fact_documents(facts)}
+    for f in facts:
+        contents = docs[f.doc_id]
+        assert contents.startswith(f'"{f.entity}"\n')
+        assert re.search(rf"\b{re.escape(f.value)}\b", contents)
+        assert f.value not in f.question
+        assert f.entity in f.question and f.entity in f.query
+
+
+def test_bad_sizes_rejected():
+    with pytest.raises(ValueError, match="sizes"):
+        generate_facts({"sft": 1, "train": 1}, seed=0)
+    with pytest.raises(ValueError, match="sizes"):
+        generate_facts({"sft": 1, "train": 1, "val": 0}, seed=0)
+
+
+def test_facts_round_trip_and_bad_line_named(tmp_path):
+    facts = generate_facts(SIZES, seed=0)
+    path = tmp_path / "facts.jsonl"
+    write_facts(facts, path)
+    assert read_facts(path) == facts
+    path.write_text(path.read_text() + '{"entity": 1}\n')
+    with pytest.raises(ValueError, match=r"facts.jsonl:103"):
+        read_facts(path)
+
+
+def test_bm25_finds_the_fact_document_first(tmp_path):
+    from sorl_verl.retrieval import build_index, load_retriever
+    from sorl_verl.retrieval.corpus import write_jsonl_atomic
+
+    facts = generate_facts(SIZES, seed=0)
+    write_jsonl_atomic(fact_documents(facts), tmp_path / "corpus.jsonl")
+    build_index(tmp_path / "corpus.jsonl", tmp_path / "index", show_progress=False)
+    hits = load_retriever(tmp_path / "index").search([f.query for f in facts], topk=2)
+    assert [h[0]["document"]["id"] for h in hits] == [f.doc_id for f in facts]
+
+
+def test_row_is_scored_by_the_reward_router_with_qa_em():
+    from reward_fns import compute_score
+
+    fact = generate_facts(SIZES, seed=0)[0]
+    row = fact_row(fact, 0)
+    assert row["agent_name"] == "search_r1"
+    assert row["prompt"][0]["role"] == "user" and fact.question in row["prompt"][0]["content"]
+    assert row["reward_model"] == {"style": "rule", "ground_truth": {"target": [fact.value]}}
+    information = f'\n\n<information>Doc 1(Title: "{fact.entity}") {fact.document_text}\n</information>\n\n'
+    response = "".join(text for text, _ in demonstration(fact, information))
+    score = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
+    assert score["score"] == 1.0
+    wrong = response.replace(f"<answer> {fact.value} </answer>", "<answer> Nowhere </answer>")
+    assert compute_score(row["data_source"], wrong, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+
+
+def test_demonstration_marks_only_the_observation_untrainable():
+    fact = generate_facts(SIZES, seed=0)[0]
+    segments = demonstration(fact, "\n\n<information>X</information>\n\n")
+    assert [trainable for _, trainable in segments] == [True, False, True]
+    assert segments[0][0].endswith(f"<search> {fact.query} </search>")
+    assert segments[2][0].endswith(f"<answer> {fact.value} </answer>")
