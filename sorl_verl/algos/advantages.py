@@ -12,7 +12,8 @@ so that credit is assigned per agent action. Our reading of the details:
   ``A_k = sum_{j >= k} (gamma * lam)^(j - k) * delta_j`` over the turns of the row;
 * every token of turn k gets ``A_k``; the critic's target is ``A_k + V_k`` on the turn's tokens
   (as verl's GAE: returns = advantages + values); off-mask tokens get 0 for both;
-* advantages are whitened over the masked tokens with verl's ``masked_whiten``, as verl's GAE.
+* advantages are whitened over the masked tokens with verl's ``masked_whiten``, as verl's GAE,
+  then set to 0 off-mask (verl's GAE leaves ``-mean/std`` there; the losses ignore it either way).
 
 Getting the critic's values: verl 0.9.1 hands ``values`` only to its built-in ``gae``;
 registered estimators receive rewards, mask, ``index`` and the ``algorithm`` config. The
@@ -154,5 +155,6 @@ def compute_turn_gae_advantage_return(
         lam = float(config.get("lam", 1.0)) if config is not None else 1.0
     with torch.no_grad():
         advantages, returns = turn_gae_core(token_level_rewards, values, response_mask, gamma, lam)
-        advantages = verl_F.masked_whiten(advantages, response_mask.float())
+        mask = response_mask.to(advantages.dtype)
+        advantages = verl_F.masked_whiten(advantages, mask) * mask
     return advantages, returns
