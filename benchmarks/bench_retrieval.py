@@ -187,7 +187,7 @@ def main() -> None:
         questions = [q.text for q in load_questions(embedded_corpus_path())]
         random.Random(0).shuffle(questions)
         doc_texts = [doc.contents for doc in iter_corpus(embedded_corpus_path())]
-        compare_bm25("embedded Wikipedia", retriever, doc_texts, questions[: 4 * BATCH], 4 * BATCH)
+        compare_bm25("embedded Wikipedia", retriever, doc_texts, questions[: 4 * BATCH], BATCH)
         if not args.no_server:
             server_latency(index_10k)
 

@@ -86,6 +86,8 @@ class MicroBatcher:
             self.batch_sizes.append(len(queries))
             try:
                 results = await loop.run_in_executor(self._executor, self._search, queries, topk)
+                if len(results) != len(queries):
+                    raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
             except Exception as e:  # reported to every caller of this batch; the worker lives on
                 error = HTTPException(500, f"retrieval failed: {type(e).__name__}: {e}")
                 for item in batch:

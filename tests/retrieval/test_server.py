@@ -124,17 +124,21 @@ def test_retriever_failure_is_a_500_and_the_server_lives_on():
         def search(self, queries, topk=3):
             if "boom" in queries:
                 raise RuntimeError("index exploded")
+            if "short" in queries:
+                return []
             return [[] for _ in queries]
 
     async def run():
         transport = httpx.ASGITransport(app=create_app(Flaky()))
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             failed = await client.post("/retrieve", json={"queries": ["boom"]})
+            short = await client.post("/retrieve", json={"queries": ["short"]})
             after = await client.post("/retrieve", json={"queries": ["fine"]})
-        return failed, after
+        return failed, short, after
 
-    failed, after = asyncio.run(run())
+    failed, short, after = asyncio.run(run())
     assert failed.status_code == 500 and "index exploded" in failed.json()["detail"]
+    assert short.status_code == 500 and "0 result lists for 1 queries" in short.json()["detail"]
     assert after.json() == {"result": [[]]}
 
 
