@@ -477,3 +477,34 @@ def test_options_resolution_defaults_and_errors():
         SorlPolicyLossConfig(loss_mode="st_ppo", kappa=0.0)
     with pytest.raises(ValueError, match="needs the actor config"):
         resolve_options("st_ppo", None)
+
+
+def test_rollout_correction_weights_apply_as_in_vanilla():
+    old, new, advantages, mask = random_batch(spread=0.8, seed=16)
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+
+    def with_weights(loss_mode, config):
+        log_prob = new.clone().requires_grad_(True)
+        loss, metrics = get_policy_loss_fn(loss_mode)(
+            old_log_prob=old,
+            log_prob=log_prob,
+            advantages=advantages,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=config,
+            rollout_is_weights=weights,
+        )
+        loss.backward()
+        return loss.detach(), log_prob.grad, metrics
+
+    vanilla = with_weights("vanilla", actor_config())
+    ours = with_weights("s_ppo", actor_config("s_ppo", normalization="none"))
+    assert torch.isclose(ours[0].double(), vanilla[0], rtol=1e-9)
+    assert torch.allclose(ours[1], vanilla[1], rtol=1e-9, atol=1e-12)
+    # The weights also enter the norms: doubling every weight doubles both norms.
+    base = with_weights("st_ppo", actor_config())[2]
+    assert base["actor/sorl/c_norm"] > 0 and base["actor/sorl/g_norm"] > 0
+    weights = weights * 2
+    doubled = with_weights("st_ppo", actor_config())[2]
+    assert doubled["actor/sorl/c_norm"] == pytest.approx(2 * base["actor/sorl/c_norm"])
+    assert doubled["actor/sorl/g_norm"] == pytest.approx(2 * base["actor/sorl/g_norm"])
