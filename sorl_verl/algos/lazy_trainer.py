@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 
 __all__ = ["TRAINER_PACKAGE", "install"]
@@ -31,7 +32,7 @@ class _RegisterAfterExec(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        importlib.import_module(_OUR_TRAINER)
+        _import_our_trainer()
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -49,10 +50,19 @@ class _TrainerPackageFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _import_our_trainer() -> None:
+    # A failure here must not break verl's own trainers (the user may not want sorl_sync):
+    # warn loudly instead; selecting sorl_sync then fails with verl's "Unknown trainer".
+    try:
+        importlib.import_module(_OUR_TRAINER)
+    except Exception as error:  # noqa: BLE001
+        logging.getLogger(__name__).warning("sorl-verl: trainer 'sorl_sync' not registered: %r", error)
+
+
 def install() -> None:
     """Arrange for ``sorl_sync`` to be registered whenever verl's V1 trainers are (idempotent)."""
     if TRAINER_PACKAGE in sys.modules:
-        importlib.import_module(_OUR_TRAINER)
+        _import_our_trainer()
         return
     if not any(isinstance(finder, _TrainerPackageFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _TrainerPackageFinder())
