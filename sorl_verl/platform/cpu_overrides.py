@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sys
 
+_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
 
 def cpu_overrides(num_workers: int = 1, fast_start: bool = True) -> list[str]:
     """Hydra overrides for a CPU run with ``num_workers`` FSDP2 ranks (gloo).
@@ -39,11 +41,12 @@ def cpu_overrides(num_workers: int = 1, fast_start: bool = True) -> list[str]:
         "actor_rollout_ref.ref.fsdp_config.strategy=fsdp2",
         "critic.strategy=fsdp2",
         "critic.fsdp.strategy=fsdp2",
-        # fp32 compute: CPU bf16 matmuls are slow and the HF rollout generates in fp32,
-        # so rollout and actor log-probs agree.
-        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-        "actor_rollout_ref.ref.fsdp_config.dtype=float32",
-        "critic.fsdp.dtype=float32",
+        # fp32 compute (FSDP2 mixed precision off; verl's default is bf16 autocast): CPU bf16
+        # matmuls are slow, and the HF rollout generates in fp32, so rollout and actor
+        # log-probs agree.
+        f"++actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
+        f"++actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
+        f"++critic.fsdp.mixed_precision={_FP32}",
         # no flash-attention / fused kernels / torch.compile on CPU
         "actor_rollout_ref.model.use_remove_padding=False",
         "+actor_rollout_ref.model.override_config.attn_implementation=eager",
