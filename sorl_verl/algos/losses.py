@@ -62,6 +62,8 @@ LOG_RATIO_CLAMP = 20.0
 METRIC_PREFIX = "actor/sorl/"
 NUM_TURN_INDEX_METRICS = 8
 _EPS = 1e-12
+# The keys of verl's ``global_batch_info`` that ``agg_loss`` divides by.
+_AGG_COUNT_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
 
 def importance_log_ratio(
@@ -200,7 +202,7 @@ def sorl_policy_loss(
         options: resolved options; overrides what ``config`` says (tests and benchmarks).
 
     Returns:
-        ``(loss, metrics)``: scalar loss (float32) and python floats under ``actor/sorl/...`` plus
+        ``(loss, metrics)``: scalar loss (float32, or float64 for float64 inputs) and python floats under ``actor/sorl/...`` plus
         verl's usual ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``.
     """
     opts = options if options is not None else resolve_options(loss_name, config)
@@ -227,7 +229,8 @@ def sorl_policy_loss(
         below = (ratio_d < lower) & mask
         clipped = above | below
         kept = mask & ~clipped
-        row_weights = aggregation_weights(mask, loss_agg_mode, **global_batch_info)
+        counts = {key: global_batch_info[key] for key in _AGG_COUNT_KEYS if key in global_batch_info}
+        row_weights = aggregation_weights(mask, loss_agg_mode, **counts)
         signed = ratio_d * adv  # w_t * A_t
         if rollout_is_weights is not None:
             signed = signed * rollout_is_weights.to(dtype)
