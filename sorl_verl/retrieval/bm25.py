@@ -17,13 +17,14 @@ long-running server it would grow without bound and mutate shared state across t
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import bm25s
 import numpy as np
 import Stemmer
 
-from sorl_verl.retrieval.store import make_hits, read_docs
+from sorl_verl.retrieval.store import IndexFormatError, make_hits, read_docs
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 DEFAULT_K1 = 0.9
@@ -64,7 +65,12 @@ class BM25Retriever:
         self.index_dir = index_dir
         self.meta = meta
         self._bm25 = bm25s.BM25.load(str(index_dir / "bm25"), mmap=mmap, load_corpus=False)
+        if self._bm25.method != "lucene" or self._bm25.nonoccurrence_array is not None:
+            raise IndexFormatError(f"{index_dir}: expected a bm25s 'lucene' index, got {self._bm25.method!r}")
         self._vocab: dict[str, int] = self._bm25.vocab_dict
+        arrays = self._bm25.scores  # CSC matrix (num_docs x vocab) of per-(term, document) BM25 scores
+        self._data, self._indices, self._indptr = arrays["data"], arrays["indices"], arrays["indptr"]
+        self._local = threading.local()
         self._ids, self._contents = read_docs(index_dir, meta["num_docs"])
         tok = meta["tokenizer"]
         self._split = re.compile(tok["pattern"]).findall
@@ -88,20 +94,34 @@ class BM25Retriever:
         """Vocabulary ids of a query's terms (terms not in the corpus dropped)."""
         return [self._vocab[w] for w in self.terms(query) if w in self._vocab and w != ""]
 
+    def score_matching(self, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 scores of the documents containing at least one query term.
+
+        Returns ``(rows, scores)``, both ``(num_matching,)``, rows ascending. A repeated query
+        term counts once per occurrence (as in bm25s and Lucene). The sum runs over bm25s's
+        precomputed per-(term, document) scores (CSC, one column per term); unlike
+        ``bm25s.BM25.get_scores`` it reuses one zeroed buffer per thread and hands only the
+        touched documents to top-k selection, which is what matters on large corpora.
+        """
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = np.zeros(len(self._ids), dtype=np.float32)
+        for term in token_ids:  # a few terms per query; each slice is that term's posting list
+            start, end = self._indptr[term], self._indptr[term + 1]
+            buffer[self._indices[start:end]] += self._data[start:end]
+        rows = np.flatnonzero(buffer)
+        scores = buffer[rows]
+        buffer[rows] = 0.0
+        return rows, scores
+
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]:
         if topk <= 0:
             raise ValueError(f"topk must be positive, got {topk}")
         results = []
         for query in queries:
-            token_ids = self.query_token_ids(query)
-            if not token_ids:
-                results.append([])
-                continue
-            scores = self._bm25.get_scores_from_ids(token_ids)
-            rows = top_k_rows(scores, topk)
-            row_scores = scores[rows]
-            keep = row_scores > 0
-            results.append(make_hits(self._ids, self._contents, rows[keep], row_scores[keep]))
+            rows, scores = self.score_matching(self.query_token_ids(query))
+            best = top_k_rows(scores, topk)  # rows ascending, so ties still go to the lower row
+            results.append(make_hits(self._ids, self._contents, rows[best], scores[best]))
         return results
 
 

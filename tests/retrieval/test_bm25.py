@@ -8,6 +8,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import bm25s
+import numpy as np
 import pytest
 import Stemmer
 
@@ -92,3 +93,16 @@ def test_recall_at_3_on_embedded_wikipedia(wiki_bm25):
     assert len(by_kind["description"]) > 9000 and len(by_kind["first_sentence"]) > 9500
     assert recall_at_k(wiki_bm25, by_kind["first_sentence"], k=3) >= 0.95
     assert recall_at_k(wiki_bm25, by_kind["description"], k=3) >= 0.6
+
+
+def test_scoring_matches_bm25s_on_wikipedia(wiki_bm25):
+    """Our sparse accumulation equals bm25s's own ``get_scores_from_ids`` (repeated calls too,
+    so the reused buffer is really reset)."""
+    questions = load_questions(embedded_corpus_path())[:60]
+    for question in questions + questions[:5]:
+        token_ids = wiki_bm25.query_token_ids(question.text)
+        rows, scores = wiki_bm25.score_matching(token_ids)
+        reference = wiki_bm25._bm25.get_scores_from_ids(token_ids) if token_ids else np.zeros(len(wiki_bm25))
+        assert np.array_equal(rows, np.flatnonzero(reference))
+        np.testing.assert_allclose(scores, reference[rows], rtol=1e-6)
+    assert wiki_bm25.search([questions[1].text], topk=1)[0][0]["document"]["id"] == questions[1].answer_id
