@@ -9,7 +9,9 @@ Index files (inside the index folder, next to ``meta.json`` and ``docs.jsonl``):
 
     bm25/         bm25s's own ``BM25.save`` output: CSC score arrays, vocabulary, parameters
 
-Queries are tokenized here, by a pure function of the saved vocabulary, instead of through a
+Scoring sums bm25s's precomputed per-(term, document) scores over the documents that contain a
+query term (:meth:`BM25Retriever.score_matching`). Queries are tokenized here, by a pure
+function of the saved vocabulary, instead of through a
 ``bm25s.tokenization.Tokenizer``: the Tokenizer memoises every word it sees, so in a
 long-running server it would grow without bound and mutate shared state across threads.
 """
@@ -45,7 +47,10 @@ def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
     k = min(k, scores.shape[0])
     if k <= 0:
         return np.empty(0, dtype=np.int64)
-    candidates = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+    kth_largest = -np.partition(-scores, k - 1)[k - 1]
+    above = np.flatnonzero(scores > kth_largest)
+    tied = np.flatnonzero(scores == kth_largest)[: k - above.shape[0]]  # the lowest rows among the ties
+    candidates = np.concatenate([above, tied])
     order = np.lexsort((candidates, -scores[candidates]))
     return candidates[order]
 

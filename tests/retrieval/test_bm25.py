@@ -106,3 +106,15 @@ def test_scoring_matches_bm25s_on_wikipedia(wiki_bm25):
         assert np.array_equal(rows, np.flatnonzero(reference))
         np.testing.assert_allclose(scores, reference[rows], rtol=1e-6)
     assert wiki_bm25.search([questions[1].text], topk=1)[0][0]["document"]["id"] == questions[1].answer_id
+
+
+def test_top_k_rows_orders_by_score_then_lower_row():
+    from sorl_verl.retrieval.bm25 import top_k_rows
+
+    scores = np.array([1.0, 3.0, 1.0, 2.0, 3.0, 1.0, 0.5], dtype=np.float32)
+    assert top_k_rows(scores, 1).tolist() == [1]
+    assert top_k_rows(scores, 3).tolist() == [1, 4, 3]
+    assert top_k_rows(scores, 5).tolist() == [1, 4, 3, 0, 2]
+    assert top_k_rows(scores, 100).tolist() == [1, 4, 3, 0, 2, 5, 6]
+    assert top_k_rows(np.ones(10), 4).tolist() == [0, 1, 2, 3]
+    assert top_k_rows(np.empty(0), 3).tolist() == []

@@ -84,3 +84,15 @@ def test_module_entry_point_builds_dense_hashing_index(small_corpus, small_docs,
     retriever = load_retriever(tmp_path / "idx")
     assert retriever.meta["faiss"]["type"] == "hnsw" and retriever.meta["encoder"] == {"kind": "hashing", "dim": 64}
     assert retriever.search([small_docs[4]["contents"]], topk=1)[0][0]["document"]["id"] == "cobra"
+
+
+def test_embedded_index_is_built_once_into_the_cache(tmp_path, monkeypatch):
+    from sorl_verl.retrieval import embedded_index
+
+    monkeypatch.setenv("SORL_VERL_CACHE", str(tmp_path))
+    first = embedded_index()
+    assert first is embedded_index(tmp_path)
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("wiki_vital_bm25_v1_") and (folder / "meta.json").is_file()
+    assert len(first) == 10033
+    assert first.search(["Painting by Georges Seurat"], topk=3)[0][0]["document"]["contents"].startswith('"Georges Seurat"')
