@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ class MicroBatcher:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval")
-        self.batch_sizes: list[int] = []  # queries per search call, for tests and stats
+        self.batch_sizes: deque[int] = deque(maxlen=10_000)  # queries per recent search call, for tests and stats
 
     async def search(self, queries: list[str], topk: int) -> list[list[dict]]:
         """Search results for ``queries``; raises ``HTTPException(500)`` if the retriever fails."""
