@@ -382,69 +382,43 @@ def _diagnostics(
     return metrics
 
 
-@register_policy_loss("turn_ppo")
-def compute_policy_loss_turn_ppo(
-    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
-):
-    """Turn-PPO: PPO clip on the turn-level ratio, no normalization (paper's variant)."""
-    return sorl_policy_loss(
+def _registered_variant(name: str, doc: str):
+    """Register ``name`` as a verl policy loss: :func:`sorl_policy_loss` with that name's defaults."""
+
+    def loss_fn(
         old_log_prob,
         log_prob,
         advantages,
         response_mask,
-        loss_agg_mode,
-        config,
-        rollout_is_weights,
-        loss_name="turn_ppo",
-    )
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
+        return sorl_policy_loss(
+            old_log_prob,
+            log_prob,
+            advantages,
+            response_mask,
+            loss_agg_mode,
+            config,
+            rollout_is_weights,
+            loss_name=name,
+        )
+
+    loss_fn.__name__ = loss_fn.__qualname__ = f"compute_policy_loss_{name}"
+    loss_fn.__doc__ = doc
+    return register_policy_loss(name)(loss_fn)
 
 
-@register_policy_loss("s_ppo")
-def compute_policy_loss_s_ppo(
-    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
-):
-    """S-PPO: token-level ratio + clipping-triggered normalization (paper's variant)."""
-    return sorl_policy_loss(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        loss_agg_mode,
-        config,
-        rollout_is_weights,
-        loss_name="s_ppo",
-    )
-
-
-@register_policy_loss("st_ppo")
-def compute_policy_loss_st_ppo(
-    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
-):
-    """ST-PPO: turn-level ratio + clipping-triggered normalization (paper's main variant)."""
-    return sorl_policy_loss(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        loss_agg_mode,
-        config,
-        rollout_is_weights,
-        loss_name="st_ppo",
-    )
-
-
-@register_policy_loss("so_ppo")
-def compute_policy_loss_so_ppo(
-    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
-):
-    """SO-PPO: the later paper's name for ST-PPO (same defaults). SO-GRPO = this + adv_estimator=grpo."""
-    return sorl_policy_loss(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        loss_agg_mode,
-        config,
-        rollout_is_weights,
-        loss_name="so_ppo",
-    )
+compute_policy_loss_turn_ppo = _registered_variant(
+    "turn_ppo", "Turn-PPO: PPO clip on the turn-level ratio, no normalization (paper's variant)."
+)
+compute_policy_loss_s_ppo = _registered_variant(
+    "s_ppo", "S-PPO: token-level ratio + clipping-triggered normalization (paper's variant)."
+)
+compute_policy_loss_st_ppo = _registered_variant(
+    "st_ppo", "ST-PPO: turn-level ratio + clipping-triggered normalization (paper's main variant)."
+)
+compute_policy_loss_so_ppo = _registered_variant(
+    "so_ppo", "SO-PPO: the later paper's name for ST-PPO (same defaults). SO-GRPO = this + adv_estimator=grpo."
+)
