@@ -59,8 +59,8 @@ ACTOR_WARMUP_RATIO="${ACTOR_WARMUP_RATIO:-0}"
 CRITIC_WARMUP_RATIO="${CRITIC_WARMUP_RATIO:-0}"
 # search_r1 loop; TOPK and MAX_OBS_LENGTH also shape the SFT demonstrations
 MAX_TURNS="${MAX_TURNS:-2}"
-TOPK="${TOPK:-2}"
-MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-96}"
+TOPK="${TOPK:-1}"
+MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-64}"
 MAX_TOKENS_PER_TURN="${MAX_TOKENS_PER_TURN:-32}"
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-128}"
 # the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
@@ -73,15 +73,15 @@ source "$REPO/examples/common.sh"
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
 "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
   ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
-tail -n +1 "$RUN_DIR/prepare.json" | head -c 2000 >&2 || true
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
 
 echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
 # Ray: a private temp dir (other Ray clusters may run on this machine); Ray picks free ports.
-RAY_TMP="$(mktemp -d /tmp/ray_qs.XXXXXX)"
-trap 'rm -rf "$RAY_TMP"' EXIT
+unset RAY_ADDRESS
+export RAY_TMPDIR="$(mktemp -d /tmp/ray_qs.XXXXXX)"
+trap 'rm -rf "$RAY_TMPDIR"' EXIT
 set +e
 sorl_launch \
   "data.train_files=$RUN_DIR/task/train.parquet" \
@@ -89,7 +89,6 @@ sorl_launch \
   "actor_rollout_ref.rollout.agent.default_agent_loop=search_r1" \
   "actor_rollout_ref.rollout.agent.agent_loop_config_path=$RUN_DIR/search_r1_agent.yaml" \
   "${CPU_OVERRIDES[@]}" \
-  "+ray_kwargs.ray_init._temp_dir=$RAY_TMP" \
   `# no reference model on CPU: KL terms off (the demo is short; the SFT policy is the anchor)` \
   "actor_rollout_ref.actor.use_kl_loss=False" \
   "algorithm.use_kl_in_reward=False" \

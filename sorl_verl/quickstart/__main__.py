@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -30,6 +31,12 @@ def _prepare(args: argparse.Namespace) -> None:
             setattr(cfg, f.name, value)
     info = prepare(args.run_dir, cfg, show_progress=not args.quiet)
     print(json.dumps(info, indent=2))
+    print(
+        f"task: {info['facts']} facts; model: {info['n_params']:,} parameters; "
+        f"SFT on {info['sft_examples']} demonstrations, loss {info['sft_loss_first']:.2f} -> {info['sft_loss_last10']:.2f} "
+        f"({info['task_seconds'] + info['model_seconds']:.0f} s)",
+        file=sys.stderr,
+    )
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -37,6 +44,10 @@ def _report(args: argparse.Namespace) -> None:
 
     text = report_run(args.run_dir, algo=args.algo, started_at=args.started_at)
     print(text)
+
+
+# Python's exception lines, also behind Ray's "(Actor pid=...) " prefix.
+_ERROR_LINE = re.compile(r"(^|\) )(Traceback|[A-Za-z_.]*(Error|Exception):)")
 
 
 def _progress(args: argparse.Namespace) -> None:
@@ -52,7 +63,7 @@ def _progress(args: argparse.Namespace) -> None:
             parsed = parse_console_line(line)
             if parsed is not None:
                 print(progress_line(*parsed, time.time() - started), file=sys.stderr, flush=True)
-            elif "Traceback" in line or "Error" in line:
+            elif _ERROR_LINE.search(line) and "Warning" not in line:
                 print(line.rstrip()[:300], file=sys.stderr, flush=True)
 
 

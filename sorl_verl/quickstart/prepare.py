@@ -30,6 +30,7 @@ from sorl_verl.quickstart.task import (
     fact_documents,
     fact_row,
     generate_facts,
+    made_up_words,
     prompt_messages,
     write_facts,
 )
@@ -41,15 +42,15 @@ PREPARE_MARKER = "prepare.json"
 class PrepareConfig:
     """Sizes and model settings of the quick start (defaults: what fits ~15 min on 2 cores)."""
 
-    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 3000, "train": 1000, "val": 64})
+    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 64})
     seed: int = 0
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
-    topk: int = 2  # passages per search, in the demonstrations and in the agent loop
-    max_obs_length: int = 96  # observation tokens kept, in the demonstrations and in the agent loop
-    vocab_size: int = 2048
+    topk: int = 1  # passages per search, in the demonstrations and in the agent loop
+    max_obs_length: int = 64  # observation tokens kept, in the demonstrations and in the agent loop
+    vocab_size: int = 1024  # BPE merges; the made-up names come on top, one token each
     hidden_size: int = 128
     num_layers: int = 2
-    sft_steps: int = 400
+    sft_steps: int = 300
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
 
@@ -116,7 +117,7 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         hidden_size=cfg.hidden_size,
         num_layers=cfg.num_layers,
         intermediate_size=3 * cfg.hidden_size,
-        extra_tokens=SEARCH_R1_TAGS,
+        extra_tokens=(*SEARCH_R1_TAGS, *made_up_words(facts)),
         seed=cfg.seed,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -214,28 +214,27 @@ def format_table(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-_CONSOLE_FIELD = re.compile(r"([^\s:][^:]*?):(\S+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CONSOLE_STEP = re.compile(r"(?:^|\) )step:(\d+)((?: - [^\n]*)?)$")
+# verl pprint-s numpy scalars as e.g. ``np.float64(0.25)``
+_CONSOLE_NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))\)?$")
 
 
 def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
-    """verl's console logger line ``step:N - name:value - ...`` as ``(N, {name: value})``, else ``None``."""
-    if not line.startswith("step:"):
-        return None
-    parts = line.rstrip("\n").split(" - ")
-    try:
-        step = int(parts[0].split(":", 1)[1])
-    except ValueError:
+    """verl's console logger line ``step:N - name:value - ...`` as ``(N, {name: value})``, else ``None``.
+
+    Accepts Ray's ``(TaskRunner pid=...)`` prefix and colour codes, and numpy scalar reprs.
+    """
+    match = _CONSOLE_STEP.search(_ANSI.sub("", line.rstrip("\n")))
+    if match is None:
         return None
     values: dict[str, float] = {}
-    for part in parts[1:]:
+    for part in match.group(2).split(" - ")[1:]:
         name, sep, raw = part.rpartition(":")
-        if not sep:
-            continue
-        try:
-            values[name] = float(raw)
-        except ValueError:
-            continue
-    return step, values
+        number = _CONSOLE_NUMBER.match(raw.strip()) if sep else None
+        if number is not None:
+            values[name] = float(number.group(1))
+    return int(match.group(1)), values
 
 
 def progress_line(step: int, values: dict[str, float], elapsed_s: float) -> str:

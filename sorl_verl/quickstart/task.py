@@ -3,14 +3,14 @@
 Nothing here is from the SORL paper; it is our design for a task that a ~1M-parameter model
 can learn on two CPU cores in minutes, while still needing the multi-turn search loop:
 
-- a generated knowledge base of fictional entities (made-up names, deterministic from a
-  seed), one fact each, in one of three relations (country -> capital, town -> river,
-  city -> founder). Each fact is one short document, appended to the embedded Wikipedia
-  corpus (when given), so BM25 searches the real ~10k summaries plus these documents;
+- a generated knowledge base of fictional places (made-up names, deterministic from a
+  seed), each with three facts (its capital, its river, its founder). Each fact is one
+  short document, appended to the embedded Wikipedia corpus (when given), so BM25 searches
+  the real ~10k summaries plus these documents;
 - questions about those entities ("What is the capital of Velmora?"). The answer is a
   made-up word, so no model can know it: it must search, and it can then copy the answer
-  from the top document. Train and validation use disjoint entities, so validation
-  questions can only be answered by searching (the SFT pass never saw their facts; the RL
+  from the top document. SFT, RL and validation use disjoint facts, so validation
+  questions can only be answered by searching (the SFT pass never saw those facts; the RL
   prompts are a third disjoint set, so RL too must improve searching and copying, not recall);
 - demonstration trajectories in the Search-R1 format for the SFT warm start:
   ``<think> .. </think>\\n<search> query </search>``, then the retrieved
@@ -60,7 +60,7 @@ RELATIONS = (
     Relation(
         name="capital",
         question="What is the capital of {entity}?",
-        document="{entity} is a small country. Its capital is {value}.",
+        document="{entity} has a capital. Its capital is {value}.",
         query="{entity} capital",
         think_search="I need the capital of {entity}.",
         think_answer="The capital is {value}.",
@@ -68,7 +68,7 @@ RELATIONS = (
     Relation(
         name="river",
         question="Which river flows through {entity}?",
-        document="{entity} is an old town. The river {value} flows through it.",
+        document="{entity} has a river. The river {value} flows through it.",
         query="{entity} river",
         think_search="I need the river of {entity}.",
         think_answer="The river is {value}.",
@@ -76,7 +76,7 @@ RELATIONS = (
     Relation(
         name="founder",
         question="Who founded the city of {entity}?",
-        document="{entity} is a city. It was founded by {value}.",
+        document="{entity} has a founder. It was founded by {value}.",
         query="{entity} founder",
         think_search="I need the founder of {entity}.",
         think_answer="The founder is {value}.",
@@ -151,12 +151,14 @@ SPLITS = ("sft", "train", "val")
 def generate_facts(
     sizes: dict[str, int], seed: int = 0, values_per_relation: int = 24, reserved_words: set[str] | None = None
 ) -> list[Fact]:
-    """Draw facts about distinct made-up entities, ``sizes[split]`` of each split (deterministic in ``seed``).
+    """Draw ``sizes[split]`` facts for each split (deterministic in ``seed``).
 
-    Splits: ``sft`` (demonstrations of the warm start), ``train`` (RL prompts) and ``val``
-    (validation). Their entities are disjoint, so RL and validation questions are about
-    facts the warm start never saw: answering needs a search. Values come from a small pool
-    per relation (``values_per_relation`` made-up words), shared by all splits.
+    Every made-up entity has one fact per relation (a capital, a river, a founder), each
+    its own document; the (entity, relation) pairs are shuffled into the splits ``sft``
+    (demonstrations of the warm start), ``train`` (RL prompts) and ``val`` (validation).
+    So a validation question is about a fact the warm start never saw (answering it needs
+    a search), while its entity's name is usually familiar from another relation. Values
+    come from a small pool per relation (``values_per_relation`` made-up words).
     ``reserved_words`` (lower case, e.g. the base corpus vocabulary) are never drawn.
     """
     unknown = set(sizes) - set(SPLITS)
@@ -165,15 +167,28 @@ def generate_facts(
     rng = random.Random(seed)
     taken = set(reserved_words or ())
     total = sum(int(sizes[s]) for s in SPLITS)
-    entities = _unique_words(rng, total, (2, 3), taken)
+    n_entities = -(-total // len(RELATIONS))
+    entities = _unique_words(rng, n_entities, (2, 3), taken)
     pools = {r.name: _unique_words(rng, values_per_relation, (2,), taken) for r in RELATIONS}
+    pairs = [(entity, relation) for entity in entities for relation in RELATIONS]
+    rng.shuffle(pairs)
     split_of = [s for s in SPLITS for _ in range(int(sizes[s]))]
     facts = []
-    for i, (entity, split) in enumerate(zip(entities, split_of, strict=True)):
-        relation = RELATIONS[i % len(RELATIONS)]
+    # up to len(RELATIONS) - 1 pairs of the last entity stay unused
+    for i, ((entity, relation), split) in enumerate(zip(pairs[: len(split_of)], split_of, strict=True)):
         value = rng.choice(pools[relation.name])
         facts.append(Fact(entity=entity, relation=relation.name, value=value, split=split, doc_id=f"kb-{i}"))
     return facts
+
+
+def made_up_words(facts: Iterable[Fact]) -> list[str]:
+    """Every entity and value name, sorted: the quick start makes each one token of its tokenizer.
+
+    Our choice for learnability: with one token per name, "copy the name" is a single
+    attention lookup that a 2-layer model learns in a few hundred SFT steps; byte-pair
+    pieces of unseen names would need induction-style copying of several tokens.
+    """
+    return sorted({f.entity for f in facts} | {f.value for f in facts})
 
 
 def fact_documents(facts: Iterable[Fact]) -> list[dict]:

@@ -111,10 +111,15 @@ def test_report_without_metrics_fails_clearly(tmp_path):
 
 
 def test_console_line_parsing_and_progress():
-    line = "step:3 - critic/score/mean:0.5 - val-core/x/acc/mean@1:0.25 - actor/pg_clipfrac:np.float64(0.1) - timing_s/step:2.5\n"
+    line = (
+        "\x1b[36m(TaskRunnerV1 pid=28002)\x1b[0m step:3 - critic/score/mean:0.5 - val-core/x/acc/mean@1:np.float64(0.25)"
+        " - actor/pg_clipfrac:1e-3 - weird:[1, 2] - timing_s/step:2.5\n"
+    )
     step, values = parse_console_line(line)
     assert step == 3 and values["critic/score/mean"] == 0.5 and values["val-core/x/acc/mean@1"] == 0.25
-    assert "actor/pg_clipfrac" not in values  # not a plain number: skipped, not misparsed
+    assert values["actor/pg_clipfrac"] == 1e-3 and values["timing_s/step"] == 2.5
+    assert "weird" not in values  # not a number: skipped, not misparsed
+    assert parse_console_line("step:0")[0] == 0
     text = progress_line(step, values, 90.0)
     assert "step   3" in text and "VALIDATION reward 0.250" in text and "1.5 min" in text
     assert parse_console_line("Training Progress: 10%") is None

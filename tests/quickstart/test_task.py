@@ -23,14 +23,17 @@ def test_generation_is_deterministic_and_seed_dependent():
     assert generate_facts(SIZES, seed=3) != generate_facts(SIZES, seed=4)
 
 
-def test_splits_sizes_and_disjoint_entities():
+def test_splits_sizes_and_disjoint_facts():
     facts = generate_facts(SIZES, seed=0)
     for split in SPLITS:
         assert sum(f.split == split for f in facts) == SIZES[split]
-    entities = [f.entity.lower() for f in facts]
-    assert len(set(entities)) == len(entities)
+    pairs = [(f.entity.lower(), f.relation) for f in facts]
+    assert len(set(pairs)) == len(pairs), "each (entity, relation) fact exists once, in one split"
+    assert len({f.doc_id for f in facts}) == len(facts)
+    entities = {f.entity.lower() for f in facts}
+    assert len(entities) == -(-len(facts) // len(RELATIONS))
     values = {f.value.lower() for f in facts}
-    assert not values & set(entities), "a value must never be another entity's name"
+    assert not values & entities, "a value must never be an entity's name"
     assert {f.relation for f in facts} == {r.name for r in RELATIONS}
 
 
