@@ -10,15 +10,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import random
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from sorl_verl.fileio import atomic_file
 
 SCHEMA = pa.schema(
     [
@@ -185,16 +185,9 @@ def write_parquet_atomic(rows: list[dict], output: Path) -> Path:
     A failure (bad row, full disk, interrupt) leaves no partial file, and an existing ``output`` untouched.
     """
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(handle)
-    try:
-        pq.write_table(table, temp_name)
-        os.replace(temp_name, output)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(output) as temp_path:
+        pq.write_table(table, temp_path)
     return output
 
 

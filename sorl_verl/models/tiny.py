@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from sorl_verl.fileio import atomic_dir
 
 # Qwen2.5's special tokens (ids differ: ours are 0, 1, 2).
 ENDOFTEXT = "<|endoftext|>"
@@ -189,9 +189,7 @@ def build_tiny_model(
     )
 
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         # Some loaders read the template only from this file; write it in both places.
@@ -200,10 +198,4 @@ def build_tiny_model(
             json.dumps({"seed": seed, "vocab_size": len(tokenizer), "n_params": model.num_parameters()}),
             encoding="utf-8",
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

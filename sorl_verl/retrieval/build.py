@@ -14,13 +14,11 @@ existing ``INDEX_DIR`` is never replaced unless ``--overwrite`` is given.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from sorl_verl.fileio import atomic_dir
 from sorl_verl.retrieval.corpus import CorpusFormatError, iter_corpus
 from sorl_verl.retrieval.store import write_docs, write_meta
 
@@ -49,10 +47,8 @@ def build_index(
     index_dir = Path(index_dir)
     if index_dir.exists() and not overwrite:
         raise FileExistsError(f"{index_dir} already exists; pass overwrite=True (--overwrite) to replace it")
-    index_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.building-", dir=index_dir.parent))
-    try:
-        started = time.time()
+    started = time.time()
+    with atomic_dir(index_dir, overwrite=overwrite) as tmp_dir:
         docs = list(iter_corpus(corpus_path, show_progress=show_progress))
         ids = [d.id for d in docs]
         contents = [d.contents for d in docs]
@@ -73,29 +69,7 @@ def build_index(
             "build_seconds": round(time.time() - started, 2),
             **method_meta,
         })
-        _move_into_place(tmp_dir, index_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
     return index_dir
-
-
-def _move_into_place(tmp_dir: Path, index_dir: Path, overwrite: bool) -> None:
-    if index_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"{index_dir} appeared during the build; not replacing it")
-        # Two renames keep a complete index at INDEX_DIR except for an instant.
-        old = index_dir.with_name(f".{index_dir.name}.old-{os.getpid()}-{time.time_ns()}")
-        os.rename(index_dir, old)
-        os.rename(tmp_dir, index_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        try:
-            os.rename(tmp_dir, index_dir)
-        except OSError:
-            if index_dir.exists():  # a concurrent build won the race
-                raise FileExistsError(f"{index_dir} appeared during the build; not replacing it") from None
-            raise
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,13 +22,13 @@ import argparse
 import gzip
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from sorl_verl.fileio import atomic_file
 
 
 class CorpusFormatError(ValueError):
@@ -117,26 +117,18 @@ def write_jsonl_atomic(rows, out_path: str | Path) -> int:
     """Write dict rows as JSONL (gzip when the name ends in ``.gz``, with a fixed mtime so the
     bytes are reproducible) through a temp file renamed into place. Returns the row count."""
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
     count = 0
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if out_path.suffix == ".gz":
-                binary = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
-            else:
-                binary = raw
-            with io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    count += 1
-            if binary is not raw:
-                binary.close()
-        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
-        os.replace(tmp_name, out_path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_file(out_path) as tmp, open(tmp, "wb") as raw:
+        if out_path.suffix == ".gz":
+            binary = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
+        else:
+            binary = raw
+        with io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+        if binary is not raw:
+            binary.close()
     return count
 
 

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from sorl_verl.fileio import write_text_atomic
 from sorl_verl.tables.runs import RunError, load_run
 from sorl_verl.tables.table import FORMATS, build_table
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {run.path}: no val-core/* metrics; its row is empty", file=sys.stderr)
     text = FORMATS[args.format](build_table(runs, select=args.select), digits=args.digits)
     if args.out:
-        _write_atomic(args.out, text)
+        write_text_atomic(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
