@@ -4,7 +4,7 @@ Install CPU torch first (``pip install torch==2.13.0``) or your cluster's CUDA t
 declare only a range so that pip never swaps an installed torch for another build.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
     name="sorl-verl",
@@ -13,9 +13,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["sorl_verl", "sorl_verl.*", "reward_fns", "reward_fns.*", "data_prep", "data_prep.*"]),
-    include_package_data=True,
-    package_data={"sorl_verl": ["data/*", "data/**/*", "config/*.yaml"]},
+    # Namespace discovery so that data-only folders (the embedded corpus) ship as package data.
+    packages=find_namespace_packages(include=["sorl_verl*", "reward_fns*", "data_prep*"], exclude=["*__pycache__*"]),
+    package_data={"sorl_verl.data.wiki_vital": ["*.jsonl.gz", "*.md", "LICENSE"]},
     install_requires=[
         # verl-core brings the agent loop and trainer's own imports (cachetools, uvicorn, ...).
         "verl[verl-core]>=0.9.1,<0.10",
