@@ -15,7 +15,9 @@ can learn on two CPU cores in minutes, while still needing the multi-turn search
 - demonstration trajectories in the Search-R1 format for the SFT warm start:
   ``<think> .. </think>\\n<search> query </search>``, then the retrieved
   ``<information> .. </information>`` (appended by the environment), then
-  ``<think> .. </think>\\n<answer> value </answer>``.
+  ``<answer> value </answer>``. Our choice for a tiny model: the thought names only the
+  relation and no second thought precedes the answer, so the name and the value are each
+  copied once (every extra copy is another chance for a 0.5M-parameter model to slip).
 
 Rows are written in verl's parquet format (``prompt`` chat messages, ``reward_model``
 with ``ground_truth.target``, ``agent_name`` = ``search_r1``).
@@ -24,6 +26,7 @@ with ``ground_truth.target``, ``agent_name`` = ``search_r1``).
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections.abc import Iterable
@@ -53,7 +56,6 @@ class Relation:
     document: str
     query: str
     think_search: str
-    think_answer: str
 
 
 RELATIONS = (
@@ -62,24 +64,21 @@ RELATIONS = (
         question="What is the capital of {entity}?",
         document="{entity} has a capital. Its capital is {value}.",
         query="{entity} capital",
-        think_search="I need the capital of {entity}.",
-        think_answer="The capital is {value}.",
+        think_search="I need to search for the capital.",
     ),
     Relation(
         name="river",
         question="Which river flows through {entity}?",
         document="{entity} has a river. The river {value} flows through it.",
         query="{entity} river",
-        think_search="I need the river of {entity}.",
-        think_answer="The river is {value}.",
+        think_search="I need to search for the river.",
     ),
     Relation(
         name="founder",
         question="Who founded the city of {entity}?",
         document="{entity} has a founder. It was founded by {value}.",
         query="{entity} founder",
-        think_search="I need the founder of {entity}.",
-        think_answer="The founder is {value}.",
+        think_search="I need to search for the founder.",
     ),
 )
 
@@ -157,8 +156,11 @@ def generate_facts(
     its own document; the (entity, relation) pairs are shuffled into the splits ``sft``
     (demonstrations of the warm start), ``train`` (RL prompts) and ``val`` (validation).
     So a validation question is about a fact the warm start never saw (answering it needs
-    a search), while its entity's name is usually familiar from another relation. Values
-    come from a small pool per relation (``values_per_relation`` made-up words).
+    a search), while its entity's name is usually familiar from another relation.
+
+    Names are two made-up words ("Tavo Kemu"), each from a pool of about
+    ``sqrt(2 * n_entities)`` words, and values come from a pool of ``values_per_relation``
+    words per relation: every word recurs in many facts (see :func:`made_up_words`).
     ``reserved_words`` (lower case, e.g. the base corpus vocabulary) are never drawn.
     """
     unknown = set(sizes) - set(SPLITS)
@@ -168,7 +170,10 @@ def generate_facts(
     taken = set(reserved_words or ())
     total = sum(int(sizes[s]) for s in SPLITS)
     n_entities = -(-total // len(RELATIONS))
-    entities = _unique_words(rng, n_entities, (2, 3), taken)
+    part_pool = max(4, math.isqrt(2 * n_entities) + 1)
+    firsts = _unique_words(rng, part_pool, (2,), taken)
+    seconds = _unique_words(rng, part_pool, (2,), taken)
+    entities = [f"{a} {b}" for a, b in rng.sample([(a, b) for a in firsts for b in seconds], n_entities)]
     pools = {r.name: _unique_words(rng, values_per_relation, (2,), taken) for r in RELATIONS}
     pairs = [(entity, relation) for entity in entities for relation in RELATIONS]
     rng.shuffle(pairs)
@@ -182,13 +187,19 @@ def generate_facts(
 
 
 def made_up_words(facts: Iterable[Fact]) -> list[str]:
-    """Every entity and value name, sorted: the quick start makes each one token of its tokenizer.
+    """Every made-up word (name parts and values), sorted: the quick start makes each one token.
 
-    Our choice for learnability: with one token per name, "copy the name" is a single
-    attention lookup that a 2-layer model learns in a few hundred SFT steps; byte-pair
-    pieces of unseen names would need induction-style copying of several tokens.
+    Our choice for learnability: a tiny model copies a token from its context reliably
+    only once that token's embedding is well trained, i.e. the token is frequent. Unique
+    single-token names were copied almost never after a few hundred SFT steps (measured),
+    byte-pair pieces of unique names poorly; two words from small pools, each one token
+    seen in dozens of facts, make "copy the name" learnable in minutes.
     """
-    return sorted({f.entity for f in facts} | {f.value for f in facts})
+    words: set[str] = set()
+    for f in facts:
+        words.update(f.entity.split())
+        words.add(f.value)
+    return sorted(words)
 
 
 def fact_documents(facts: Iterable[Fact]) -> list[dict]:
@@ -227,9 +238,9 @@ def demonstration(fact: Fact, information: str) -> list[tuple[str, bool]]:
     """
     rel = fact.rel
     return [
-        (f"<think> {rel.think_search.format(entity=fact.entity)} </think>\n<search> {fact.query} </search>", True),
+        (f"<think> {rel.think_search} </think>\n<search> {fact.query} </search>", True),
         (information, False),
-        (f"<think> {rel.think_answer.format(value=fact.value)} </think>\n<answer> {fact.value} </answer>", True),
+        (f"<answer> {fact.value} </answer>", True),
     ]
 
 
