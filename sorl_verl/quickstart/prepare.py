@@ -50,7 +50,7 @@ class PrepareConfig:
     vocab_size: int = 1024  # BPE merges; the made-up names come on top, one token each
     hidden_size: int = 128
     num_layers: int = 2
-    sft_steps: int = 400
+    sft_steps: int = 600
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
 

@@ -15,9 +15,10 @@ can learn on two CPU cores in minutes, while still needing the multi-turn search
 - demonstration trajectories in the Search-R1 format for the SFT warm start:
   ``<think> .. </think>\\n<search> query </search>``, then the retrieved
   ``<information> .. </information>`` (appended by the environment), then
-  ``<answer> value </answer>``. Our choice for a tiny model: the thought names only the
-  relation and no second thought precedes the answer, so the name and the value are each
-  copied once (every extra copy is another chance for a 0.5M-parameter model to slip).
+  ``<think> .. </think>\\n<answer> value </answer>``. Each thought restates what the
+  next action copies (the name, then the value): measured, a 0.5M-parameter model learns
+  to copy from its context within a few hundred SFT steps with these repeated copies,
+  and not within 800 steps when the thoughts name only the relation.
 
 Rows are written in verl's parquet format (``prompt`` chat messages, ``reward_model``
 with ``ground_truth.target``, ``agent_name`` = ``search_r1``).
@@ -56,6 +57,7 @@ class Relation:
     document: str
     query: str
     think_search: str
+    think_answer: str
 
 
 RELATIONS = (
@@ -64,21 +66,24 @@ RELATIONS = (
         question="What is the capital of {entity}?",
         document="{entity} has a capital. Its capital is {value}.",
         query="{entity} capital",
-        think_search="I need to search for the capital.",
+        think_search="I need the capital of {entity}.",
+        think_answer="The capital is {value}.",
     ),
     Relation(
         name="river",
         question="Which river flows through {entity}?",
         document="{entity} has a river. The river {value} flows through it.",
         query="{entity} river",
-        think_search="I need to search for the river.",
+        think_search="I need the river of {entity}.",
+        think_answer="The river is {value}.",
     ),
     Relation(
         name="founder",
         question="Who founded the city of {entity}?",
         document="{entity} has a founder. It was founded by {value}.",
         query="{entity} founder",
-        think_search="I need to search for the founder.",
+        think_search="I need the founder of {entity}.",
+        think_answer="The founder is {value}.",
     ),
 )
 
@@ -238,9 +243,9 @@ def demonstration(fact: Fact, information: str) -> list[tuple[str, bool]]:
     """
     rel = fact.rel
     return [
-        (f"<think> {rel.think_search} </think>\n<search> {fact.query} </search>", True),
+        (f"<think> {rel.think_search.format(entity=fact.entity)} </think>\n<search> {fact.query} </search>", True),
         (information, False),
-        (f"<answer> {fact.value} </answer>", True),
+        (f"<think> {rel.think_answer.format(value=fact.value)} </think>\n<answer> {fact.value} </answer>", True),
     ]
 
 
