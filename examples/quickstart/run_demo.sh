@@ -48,9 +48,13 @@ TEST_FREQ="${TEST_FREQ:-5}"
 NNODES=1
 N_GPUS_PER_NODE=1
 MODEL="$RUN_DIR/model"
-TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-8}"
-# two mini-batches per step: the second one is off-policy, so clipping (what SORL acts on) happens
-PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-4}"
+# 64 trajectories per step in every variant: 8 prompts x GROUP_SIZE samples for the GRPO
+# family, 64 prompts x 1 sample for the critic family (common.sh sets rollout.n=1 there);
+# two mini-batches per step: the second one is off-policy, so clipping (what SORL acts on) can happen
+case "$ALGO" in
+  grpo | so_grpo) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-8}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-4}" ;;
+  *) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-32}" ;;
+esac
 MICRO_BATCH_PER_GPU="${MICRO_BATCH_PER_GPU:-16}"
 LOG_PROB_MICRO_BATCH_PER_GPU="${LOG_PROB_MICRO_BATCH_PER_GPU:-16}"
 GROUP_SIZE="${GROUP_SIZE:-8}"
