@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sorl_verl.fileio import atomic_file, write_text_atomic
 from sorl_verl.quickstart.task import (
     SEARCH_R1_TAGS,
     Fact,
@@ -58,14 +58,8 @@ class PrepareConfig:
 def _write_parquet_atomic(rows: list[dict], path: Path) -> None:
     import pandas as pd
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         pd.DataFrame(rows).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
@@ -164,7 +158,5 @@ def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_p
         "model_seconds": round(time.time() - started - task_seconds, 1),
         **model_stats,
     }
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, marker)
+    write_text_atomic(marker, json.dumps(info, indent=2) + "\n")
     return info

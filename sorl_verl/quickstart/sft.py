@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from sorl_verl.fileio import atomic_dir
 
 
 @dataclass
@@ -140,18 +141,10 @@ def train_sft(
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=True) as tmp:
         # Copy the folder first (tokenizer, chat template, our metadata), then overwrite the weights.
         shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
         model.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return losses
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from sorl_verl.fileio import write_text_atomic
 from sorl_verl.quickstart.report import format_table, load_metrics, summarize, write_plots
 
 
@@ -40,9 +41,7 @@ def write_resolved_config(run_dir: Path) -> str:
     except Exception as e:  # an interpolation only verl's process can resolve: keep the composed one
         text = OmegaConf.to_yaml(cfg)
         note = f"written unresolved ({type(e).__name__}: {e})"
-    tmp = run_dir / ".config_resolved.yaml.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, run_dir / "config_resolved.yaml")
+    write_text_atomic(run_dir / "config_resolved.yaml", text)
     return note
 
 
@@ -84,9 +83,7 @@ def report_run(run_dir: str | os.PathLike, algo: str | None = None, started_at: 
         "wall_seconds": None if started_at is None else round(time.time() - started_at, 1),
     }
     for name, text in (("summary.json", json.dumps(record, indent=2) + "\n"), ("summary.txt", table + "\n")):
-        tmp = run_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, run_dir / name)
+        write_text_atomic(run_dir / name, text)
     skipped = [f"  {name}: {why}" for name, why in plots.items() if why != "written"]
     if skipped:
         table += "\nplots not drawn:\n" + "\n".join(skipped)
