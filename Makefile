@@ -3,6 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ALGO ?= so_grpo
+# Extra Hydra overrides for the demo's trainer, e.g. ARGS="actor_rollout_ref.actor.ppo_epochs=4"
+ARGS ?=
 export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install test test-fast bench lint demo clean
@@ -28,7 +30,7 @@ lint: install
 	$(BIN)/ruff check sorl_verl reward_fns data_prep tests benchmarks
 
 demo: install
-	bash examples/quickstart/run_demo.sh $(ALGO)
+	bash examples/quickstart/run_demo.sh $(ALGO) $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info build dist
