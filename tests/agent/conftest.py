@@ -80,12 +80,29 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids, log_probs=[-(call + position / 1000) for position in range(len(ids))])
 
 
-def make_loop(tokenizer, server, response_length: int = 2048, prompt_length: int = 512, **options):
-    """Build ``search_r1`` the way verl's worker does: ``hydra.utils.instantiate`` of the registry entry."""
+def instantiate_agent_loop(entry, config, server, tokenizer, tools=()):
+    """An agent loop built the way verl's worker builds it: ``hydra.utils.instantiate`` of its registry entry."""
     import hydra
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    return hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="qwen2",
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(list(tools)),
+    )
+
+
+def make_loop(tokenizer, server, response_length: int = 2048, prompt_length: int = 512, **options):
+    """Build ``search_r1`` from the registry, with ``options`` merged into its entry."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     import sorl_verl.agent  # noqa: F401  registers search_r1
 
@@ -103,17 +120,7 @@ def make_loop(tokenizer, server, response_length: int = 2048, prompt_length: int
         }
     )
     entry = OmegaConf.merge(OmegaConf.create(dict(_agent_loop_registry["search_r1"])), options)
-    return hydra.utils.instantiate(
-        config=entry,
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="qwen2",
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap([]),
-    )
+    return instantiate_agent_loop(entry, config, server, tokenizer)
 
 
 def run_loop(tokenizer, turns, retriever=None, question="What is the capital of France?", **options):
@@ -222,6 +229,11 @@ def fake_retriever():
 def scripted_server(tokenizer):
     """Factory: ``scripted_server(turns)``."""
     return lambda turns: ScriptedServer(tokenizer, turns)
+
+
+@pytest.fixture
+def agent_loop_factory():
+    return instantiate_agent_loop
 
 
 @pytest.fixture

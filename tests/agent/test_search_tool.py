@@ -79,12 +79,12 @@ def test_bad_arguments_get_an_error_message(search_tool, parameters):
     assert response.text.startswith("Error: 'query_list' must") and metrics["search_error"] == 1
 
 
-def test_runs_inside_verls_tool_agent_loop(search_tool, stub_server, tokenizer, scripted_server, fake_retriever):
+def test_runs_inside_verls_tool_agent_loop(
+    search_tool, stub_server, tokenizer, scripted_server, fake_retriever, agent_loop_factory
+):
     """verl's hermes parser finds the call, our tool answers, the reply is a masked tool turn."""
-    import hydra
     from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
-    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     call = {"name": "search", "arguments": {"query_list": ["Seine river"]}}
     turns = [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", "<answer> Paris </answer>"]
@@ -115,17 +115,7 @@ def test_runs_inside_verls_tool_agent_loop(search_tool, stub_server, tokenizer, 
         search_tool.retriever_spec = stub.url
 
         async def main():
-            loop = hydra.utils.instantiate(
-                config=_agent_loop_registry["tool_agent"],
-                trainer_config=DictConfigWrap(config=config),
-                server_manager=server,
-                tokenizer=tokenizer,
-                processor=None,
-                hf_model_type="qwen2",
-                dataset_cls=RLHFDataset,
-                data_config=DictConfigWrap(config.data),
-                tools=ToolListWrap([search_tool]),
-            )
+            loop = agent_loop_factory(_agent_loop_registry["tool_agent"], config, server, tokenizer, [search_tool])
             return await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "Which river?"}])
 
         output = asyncio.run(main())
