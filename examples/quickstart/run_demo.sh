@@ -68,6 +68,12 @@ TOPK="${TOPK:-1}"
 MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-64}"
 MAX_TOKENS_PER_TURN="${MAX_TOKENS_PER_TURN:-32}"
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-128}"
+# SEED seeds everything random in a run: the task and the SFT warm start (prepare --seed; PREPARE_SEED
+# overrides it for the warm start alone, e.g. to reuse one warm start across RL seeds), verl's
+# data shuffle (data.seed; verl's default null shuffles unseeded), the actor/critic engines and
+# data loaders, and the rollout's sampling generator (rollout.seed).
+SEED="${SEED:-1}"
+PREPARE_SEED="${PREPARE_SEED:-$SEED}"
 # the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
 RETRIEVER_URL="$RUN_DIR/task/index"
 PROJECT="${PROJECT:-sorl-quickstart}"
@@ -76,7 +82,7 @@ PROJECT="${PROJECT:-sorl-quickstart}"
 source "$REPO/examples/common.sh"
 
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
-"$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
+"$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
   ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
@@ -99,6 +105,13 @@ sorl_launch \
   "algorithm.use_kl_in_reward=False" \
   "actor_rollout_ref.actor.entropy_coeff=0" \
   "trainer.resume_mode=auto" \
+  "data.seed=$SEED" \
+  "actor_rollout_ref.actor.data_loader_seed=$SEED" \
+  "actor_rollout_ref.actor.fsdp_config.seed=$SEED" \
+  "actor_rollout_ref.ref.fsdp_config.seed=$SEED" \
+  "actor_rollout_ref.rollout.seed=$SEED" \
+  "critic.data_loader_seed=$SEED" \
+  "critic.fsdp.seed=$SEED" \
   "trainer.log_val_generations=0" \
   -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT"
 TRAIN_RC=${PIPESTATUS[0]}
