@@ -30,7 +30,7 @@ FSDP_OFFLOAD="${FSDP_OFFLOAD:-False}"
 
 # ---- model and algorithm
 MODEL="${MODEL:-Qwen/Qwen2.5-3B}"
-# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo (see sorl_algo_overrides).
+# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo (see sorl_algo_overrides).
 ALGO="${ALGO:-st_ppo}"
 # Clipping-triggered normalization mode for the SORL losses (relative|absolute|literal|none).
 # Empty: each loss name's paper default (sorl_verl.algos.config.LOSS_DEFAULTS). For ablations.
@@ -103,14 +103,26 @@ sorl_algo_overrides() {
     # the sorl_sync trainer, which passes the critic's values to turn_gae.
     st_ppo_turn_gae) loss=st_ppo adv=turn_gae critic=1 ;;
     so_grpo) loss=so_ppo adv=grpo group=1 ;;
-    *) sorl_die "unknown ALGO=$algo (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo)" ;;
+    # verl's built-in GSPO (sequence-level ratio, arXiv 2507.18071) with GRPO advantages: the
+    # sequence-level baseline of the stability benchmark (sorl_verl.stability).
+    gspo) loss=gspo adv=grpo group=1 ;;
+    *) sorl_die "unknown ALGO=$algo (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo)" ;;
   esac
   ALGO_OVERRIDES=(
     "algorithm.adv_estimator=$adv"
     "actor_rollout_ref.actor.policy_loss.loss_mode=$loss"
   )
+  if [[ "$loss" == gspo ]]; then
+    # GSPO paper's settings: its sequence ratio is a per-token geometric mean, so its clip range is
+    # ~1000x narrower than PPO's (3e-4 / 4e-4), and the loss is a mean over sequences.
+    ALGO_OVERRIDES+=(
+      "actor_rollout_ref.actor.clip_ratio_low=${GSPO_CLIP_LOW:-3e-4}"
+      "actor_rollout_ref.actor.clip_ratio_high=${GSPO_CLIP_HIGH:-4e-4}"
+      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"
+    )
+  fi
   if [[ -n "$SORL_NORMALIZATION" ]]; then
-    [[ "$loss" == vanilla ]] && sorl_die "SORL_NORMALIZATION applies to the SORL losses, not ALGO=$algo"
+    [[ "$loss" == vanilla || "$loss" == gspo ]] && sorl_die "SORL_NORMALIZATION applies to the SORL losses, not ALGO=$algo"
     ALGO_OVERRIDES+=(
       "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig"
       "+actor_rollout_ref.actor.policy_loss.normalization=$SORL_NORMALIZATION"

@@ -48,6 +48,8 @@ GRPO_NAMES = {
     "s_ppo": "S-GRPO",
     "st_ppo": "SO-GRPO",
     "so_ppo": "SO-GRPO",
+    # verl's GSPO (arXiv 2507.18071): a sequence-level ratio with group-relative advantages.
+    "gspo": "GSPO",
 }
 
 

@@ -33,6 +33,7 @@ ALGOS = {  # ALGO -> (loss_mode, adv_estimator, critic used)
     "so_ppo": ("so_ppo", "gae", True),
     "st_ppo_turn_gae": ("st_ppo", "turn_gae", True),
     "so_grpo": ("so_ppo", "grpo", False),
+    "gspo": ("gspo", "grpo", False),  # verl's own loss: the stability benchmark's sequence-level baseline
 }
 VERL_CONFIG_DIR = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "config"
 
@@ -102,6 +103,10 @@ def test_every_override_exists_in_verl_config(recipe, tmp_path):
             assert cfg.critic.enable is True and cfg.trainer.v1.trainer_mode == "sorl_sync"
         if adv == "grpo":
             assert cfg.actor_rollout_ref.rollout.n > 1 and cfg.actor_rollout_ref.actor.use_kl_loss
+        if loss_mode == "gspo":  # the GSPO paper's clip range and sequence-mean loss win over the shared ones
+            actor = cfg.actor_rollout_ref.actor
+            assert (actor.clip_ratio_low, actor.clip_ratio_high) == (3e-4, 4e-4), algo
+            assert actor.loss_agg_mode == "seq-mean-token-mean", algo
         assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.mode == "async"
         # The run folder holds what the table tool reads: Hydra's config and the FileLogger JSONL.
         run_dir = Path(cfg.hydra.run.dir)

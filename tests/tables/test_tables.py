@@ -58,6 +58,7 @@ def test_method_names():
     assert method_name("turn_ppo", "gae") == "Turn-PPO"
     assert method_name("s_ppo", "gae") == "S-PPO"
     assert method_name("st_ppo", "gae") == "ST-PPO"
+    assert method_name("gspo", "grpo") == "GSPO"
     assert method_name("so_ppo", "grpo") == "SO-GRPO"
     assert method_name("st_ppo", "turn_gae") == "ST-PPO (turn-GAE)"
     assert method_name("gspo", "rloo") == "gspo (rloo)"
