@@ -15,10 +15,17 @@ expect from vLLM's server (our reading of vLLM's documented behaviour):
 
 Rows of a batch are left-padded and decoded together with a KV cache; the only Python
 loop is over decoding steps (inherent to autoregressive generation).
+
+Partial rollouts: ``generate_batch(..., abort=event)`` checks the event before every
+decoding step (and before the prefill); once it is set, every unfinished row stops with
+``finish_reason="abort"`` and keeps the tokens (and log-probs) generated so far, as vLLM's
+``pause_generation`` does. The caller continues such a row by sending prompt + partial
+tokens again (verl's ``FullyAsyncLLMServerClient``).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +77,7 @@ class GenerationRequest:
 class GenerationResult:
     token_ids: list[int]
     log_probs: list[float] | None
-    finish_reason: str  # "stop" (eos / stop token / stop string) or "length"
+    finish_reason: str  # "stop" (eos / stop token / stop string), "length" or "abort"
 
 
 def sample_next_token(
@@ -127,12 +134,19 @@ def generate_batch(
     eos_token_ids: list[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    abort: threading.Event | None = None,
 ) -> list[GenerationResult]:
-    """Generate for all requests at once (left-padded batch, shared KV cache)."""
+    """Generate for all requests at once (left-padded batch, shared KV cache).
+
+    ``abort``: when set (checked before the prefill and before every decoding step), the
+    unfinished rows stop with ``finish_reason="abort"`` and their partial output.
+    """
     from transformers import DynamicCache
 
     if not requests:
         return []
+    if abort is not None and abort.is_set():
+        return [GenerationResult([], [] if r.logprobs else None, "abort") for r in requests]
     device = next(model.parameters()).device
     batch = len(requests)
     prompt_len = max(len(r.prompt_ids) for r in requests)
@@ -167,9 +181,13 @@ def generate_batch(
     length_capped = max_tokens <= 0
     generated: list[list[int]] = [[] for _ in range(batch)]
     log_probs: list[list[float]] = [[] for _ in range(batch)]
+    aborted = torch.zeros_like(finished)
     stop_rows = [row for row, r in enumerate(requests) if r.stop]
     steps = int(max_tokens.max().item())
     for step in range(steps):
+        if abort is not None and abort.is_set():
+            aborted = ~finished
+            break
         tokens, token_log_probs = sample_next_token(logits, temperature, top_k, top_p, generator)
         active = (~finished).nonzero().squeeze(-1).tolist()
         token_list, lp_list = tokens.tolist(), token_log_probs.tolist()
@@ -203,7 +221,7 @@ def generate_batch(
         GenerationResult(
             token_ids=generated[row],
             log_probs=log_probs[row] if requests[row].logprobs else None,
-            finish_reason="length" if bool(length_capped[row]) else "stop",
+            finish_reason="abort" if bool(aborted[row]) else "length" if bool(length_capped[row]) else "stop",
         )
         for row in range(batch)
     ]

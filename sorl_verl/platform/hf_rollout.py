@@ -8,7 +8,17 @@ own ``HFRollout`` cannot be instantiated in 0.9.1 and is not a server, so we pro
 
 - :class:`HFRolloutServer` (a Ray actor): holds an HF copy of the policy, batches the
   concurrent ``generate`` calls of the agent loops (``hf_generate.generate_batch``), and
-  swaps in the actor's weights on ``update_weights``, so every rollout is on-policy;
+  swaps in the actor's weights on ``update_weights``. It also speaks the partial-rollout
+  protocol of verl's asynchronous trainers (``colocate_async``, ``separate_async``), as
+  verl's vLLM server does: ``abort_all_requests`` stops the running batch at the next
+  decoding step and returns each unfinished request's partial output with
+  ``stop_reason="aborted"``, then keeps the submission gate closed: requests arriving
+  while paused wait for ``resume_generation`` (or, with ``reject_request=True``, are
+  answered ``aborted`` at once so the client re-routes them). verl's
+  ``FullyAsyncLLMServerClient`` resends prompt + partial tokens, so a trajectory is
+  continued under the weights installed while paused. Every output carries the weight
+  version (``global_steps``) that generated it; a batch never spans a weight update
+  (weights change only under the model lock, between batches);
 - :class:`HFReplica`: the :class:`RolloutReplica` that launches one server per replica;
 - :class:`HFServerAdapter`: the worker-side adapter; all FSDP ranks consume the weight
   generator (it runs collectives), the replica's leader rank ships the full state dict.
@@ -22,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from typing import Any
 
 import ray
@@ -75,6 +86,24 @@ class HFRolloutServer:
         self._batcher: asyncio.Task | None = None
         self._model_lock: asyncio.Lock | None = None
         self.num_updates = 0
+        # partial-rollout protocol: abort flag seen by the decoding thread, submission gate
+        self._abort = threading.Event()
+        self._paused = False
+        self._rejecting = False
+        self._resume_event: asyncio.Event | None = None
+        self._in_flight: set[str] = set()
+        self.asleep = False
+        # what happened, for tests and logs
+        self.counters = {"aborts": 0, "aborted_requests": 0, "parked_requests": 0, "rejected_requests": 0, "sleeps": 0, "wake_ups": 0}
+
+    def _async_state(self) -> tuple[asyncio.Lock, asyncio.Event]:
+        # created lazily: they must belong to the actor's event loop
+        if self._model_lock is None:
+            self._model_lock = asyncio.Lock()
+        if self._resume_event is None:
+            self._resume_event = asyncio.Event()
+            self._resume_event.set()
+        return self._model_lock, self._resume_event
 
     # -- generation -------------------------------------------------------------------
     def _default_max_tokens(self, prompt_len: int) -> int:
@@ -106,17 +135,38 @@ class HFRolloutServer:
             prompt_ids, sampling_params, default_max_tokens=self._default_max_tokens(len(prompt_ids))
         )
         request.max_tokens = max(1, min(request.max_tokens, room))
-        result = await self._submit(request)
+        _, resume_event = self._async_state()
+        while self._paused:  # the gate is closed between an abort and resume_generation
+            if self._rejecting:
+                self.counters["rejected_requests"] += 1
+                return self._aborted_output(request)
+            self.counters["parked_requests"] += 1
+            await resume_event.wait()
+        self._in_flight.add(request_id)
+        try:
+            result, version = await self._submit(request)
+        finally:
+            self._in_flight.discard(request_id)
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs,
-            stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reason},
+            stop_reason="aborted" if result.finish_reason == "abort" else "completed",
+            extra_fields={"global_steps": version, "finish_reason": result.finish_reason},
+        )
+
+    def _aborted_output(self, request: GenerationRequest):
+        from verl.workers.rollout.replica import TokenOutput
+
+        return TokenOutput(
+            token_ids=[],
+            log_probs=[] if request.logprobs else None,
+            stop_reason="aborted",
+            extra_fields={"global_steps": self.global_steps, "finish_reason": "abort"},
         )
 
     async def _submit(self, request: GenerationRequest):
-        if self._model_lock is None:
-            self._model_lock = asyncio.Lock()
+        """Queue one request for the next batch; returns ``(result, weight version)``."""
+        self._async_state()
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         if self._batcher is None or self._batcher.done():
@@ -129,6 +179,7 @@ class HFRolloutServer:
             batch, self._pending = self._pending, []
             try:
                 async with self._model_lock:
+                    version = self.global_steps  # weights cannot change while the lock is held
                     results = await asyncio.to_thread(
                         generate_batch,
                         self.model,
@@ -137,6 +188,7 @@ class HFRolloutServer:
                         self.eos_token_ids,
                         self.pad_token_id,
                         self.generator,
+                        self._abort,
                     )
             except Exception as error:  # noqa: BLE001 - delivered to every waiting caller
                 for _, future in batch:
@@ -145,7 +197,7 @@ class HFRolloutServer:
                 continue
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
-                    future.set_result(result)
+                    future.set_result((result, version))
 
     # -- weights ----------------------------------------------------------------------
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
@@ -154,9 +206,8 @@ class HFRolloutServer:
         Returns the number of tensors copied. Unknown names are an error: silently keeping
         stale weights would make rollouts off-policy without anyone noticing.
         """
-        if self._model_lock is None:
-            self._model_lock = asyncio.Lock()
-        async with self._model_lock:
+        model_lock, _ = self._async_state()
+        async with model_lock:
             # keep_vars: live parameters, tied aliases (lm_head.weight) included by name
             own = self.model.state_dict(keep_vars=True)
             unknown = sorted(set(state_dict) - set(own))
@@ -180,15 +231,29 @@ class HFRolloutServer:
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
 
-    # -- lifecycle calls verl makes on every server; nothing to free on CPU ---------------
+    async def get_counters(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    # -- lifecycle calls verl makes on every server ------------------------------------
+    async def _drain(self) -> None:
+        """Wait until the running batch (if any) has returned."""
+        model_lock, _ = self._async_state()
+        async with model_lock:
+            pass
+
     async def wake_up(self, tags: list[str] | None = None):
-        return None
+        # nothing was freed on CPU (weights and cache stay in host memory)
+        self.asleep = False
+        self.counters["wake_ups"] += 1
 
     async def sleep(self):
-        return None
+        """Drain, like verl's vLLM replica before it frees memory; nothing to free on CPU."""
+        await self._drain()
+        self.asleep = True
+        self.counters["sleeps"] += 1
 
     async def clear_kv_cache(self):
-        return None
+        return None  # the KV cache lives only for one batch
 
     async def release_kv_cache(self):
         return None
@@ -197,11 +262,32 @@ class HFRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False, **kwargs) -> dict[str, Any]:
-        # No partial rollout: requests in flight simply finish.
-        return {"aborted_count": 0, "request_ids": []}
+        """Stop generation: running requests return their partial output (``aborted``).
+
+        Closes the submission gate first, so no request starts between the abort and the
+        next :meth:`resume_generation`; with ``reject_request`` the requests arriving while
+        the gate is closed are answered ``aborted`` instead of waiting (the server is leaving
+        the load balancer). Returns when the running batch has stopped, so a weight update
+        that follows never races a generation.
+        """
+        _, resume_event = self._async_state()
+        self._paused = True
+        self._rejecting = bool(reject_request)
+        resume_event.clear()
+        request_ids = sorted(self._in_flight)
+        self._abort.set()
+        await self._drain()
+        self.counters["aborts"] += 1
+        self.counters["aborted_requests"] += len(request_ids)
+        return {"aborted_count": len(request_ids), "request_ids": request_ids}
 
     async def resume_generation(self):
-        return None
+        """Open the gate again: parked requests (and resent partial rollouts) generate."""
+        _, resume_event = self._async_state()
+        self._abort.clear()
+        self._paused = False
+        self._rejecting = False
+        resume_event.set()
 
     async def start_profile(self, **kwargs):
         return None
@@ -229,6 +315,13 @@ def get_hf_replica_class():
 
     class HFReplica(_replica_base()):
         """One :class:`HFRolloutServer` per replica, on the node of the replica's first worker."""
+
+        def get_ray_class_with_init_args(self):
+            # colocated/standalone rollout workers build their HFServerAdapter from these
+            # arguments: it must look the server up under the same (suffixed) name
+            ray_cls = super().get_ray_class_with_init_args()
+            ray_cls.kwargs["name_suffix"] = self.name_suffix
+            return ray_cls
 
         async def launch_servers(self):
             name = server_actor_name(self.replica_rank, self.name_suffix)
@@ -259,8 +352,12 @@ def _base_rollout():
 class HFServerAdapter(_base_rollout()):
     """In each actor worker: forwards the weights verl's checkpoint engine hands over."""
 
-    def __init__(self, config, model_config, device_mesh, *args, replica_rank: int = -1, **kwargs):
+    def __init__(
+        self, config, model_config, device_mesh, *args, replica_rank: int = -1, name_suffix: str = "", **kwargs
+    ):
         super().__init__(config, model_config, device_mesh)
+        # the replica's suffix as it used it (already "_x"), see HFReplica.get_ray_class_with_init_args
+        self.name_suffix = name_suffix
         rank = int(os.environ.get("RANK", 0))
         rollout_world_size = (
             self.config.tensor_model_parallel_size
@@ -274,7 +371,7 @@ class HFServerAdapter(_base_rollout()):
 
     def _server_handle(self):
         if self._server is None:
-            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+            self._server = ray.get_actor(server_actor_name(self.replica_rank, self.name_suffix))
         return self._server
 
     async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
@@ -283,15 +380,23 @@ class HFServerAdapter(_base_rollout()):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("hf rollout: LoRA adapters are not supported; merge them (lora.merge=True)")
         # Every rank iterates: producing each full tensor is a collective over the FSDP group.
+        # A checkpoint engine's receive_weights may be an async generator (sorl_cpu, nccl).
         state = {}
-        for name, tensor in weights:
-            if self.is_leader_rank:
-                state[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        if hasattr(weights, "__aiter__"):
+            async for name, tensor in weights:
+                if self.is_leader_rank:
+                    state[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        else:
+            for name, tensor in weights:
+                if self.is_leader_rank:
+                    state[name] = tensor.detach().to("cpu", copy=True).contiguous()
         if self.is_leader_rank:
             await self._server_handle().update_weights.remote(state, global_steps)
 
     async def resume(self, tags: list[str]):
-        return None
+        if self.is_leader_rank:
+            await self._server_handle().wake_up.remote(tags)
 
     async def release(self):
-        return None
+        if self.is_leader_rank:
+            await self._server_handle().sleep.remote()
