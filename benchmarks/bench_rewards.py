@@ -25,6 +25,19 @@ HUGE = {
 }
 
 
+# Many aliases / golds against one huge answer: the cost must be linear in answer + aliases, not their product.
+ALIASES = {"target": [f"alias number {i} of the answer" for i in range(1000)]}
+WORDS = ("paris city light river seine alias number answer " * (MB // 48))[:MB]
+MANY_GOLDS = {
+    "qa_em: 1 MB answer x 1000 aliases": ("nq", f"<answer>{WORDS}</answer>", ALIASES, {}),
+    "qa_em: 5 MB answer x 1000 aliases": ("nq", f"<answer>{WORDS * 5}</answer>", ALIASES, {}),
+    "qa_em_format: 1 MB x 1000 aliases": ("nq", f"<think>t</think><answer>{WORDS}</answer>", ALIASES,
+                                          {"qa_reward": "qa_em_format"}),
+    "math: 999 digits x 1000 golds": ("aime2024", "\\boxed{" + "9" * 999 + "x}",
+                                      {"target": [str(i) * 3 for i in range(1000)]}, {}),
+}
+
+
 def main():
     print(f"{'typical response':<24} {'responses/s':>12}")
     for name, (source, text, gold, info, kwargs) in TYPICAL.items():
@@ -39,6 +52,11 @@ def main():
         for source, _, gold, info, kwargs in TYPICAL.values():
             compute_score(source, text, gold, info, **kwargs)
         print(f"{name:<32} {time.perf_counter() - start:>18.3f}")
+    print(f"\n{'one answer, many golds':<36} {'s':>8}")
+    for name, (source, text, gold, kwargs) in MANY_GOLDS.items():
+        start = time.perf_counter()
+        compute_score(source, text, gold, None, **kwargs)
+        print(f"{name:<36} {time.perf_counter() - start:>8.3f}")
 
 
 if __name__ == "__main__":

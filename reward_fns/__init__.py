@@ -63,6 +63,9 @@ _ANY_ACCEPTED = frozenset().union(*_ACCEPTED.values())
 def reward_name_for(data_source, extra_info=None, qa_reward: str = "qa_em") -> str:
     """The reward a row is scored with; ValueError naming the known data sources when there is none."""
     override = extra_info.get("reward_fn") if isinstance(extra_info, dict) else None
+    if override is not None and not isinstance(override, str):
+        raise ValueError(f"extra_info.reward_fn must be a reward name (a string), got {type(override).__name__} "
+                         f"{override!r:.80}; choose one of {sorted(REWARDS)}")
     if override:
         if override not in REWARDS:
             raise ValueError(f"extra_info.reward_fn={override!r} is not a reward; choose one of {sorted(REWARDS)}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
 
 # verl collects ``reward_extra_info`` with the key set of the *first* sample of a batch
 # (verl/experimental/reward_loop/reward_loop.py: ``reward_extra_keys = list(infos[0].keys())``),
@@ -27,7 +27,7 @@ PROMPT_ANSWER_EXAMPLES = (
 # Search-R1's qa_em_format.is_valid_sequence reads the text after the first assistant marker.
 ASSISTANT_MARKER = "<|im_start|>assistant"
 
-_PUNCTUATION = frozenset(string.punctuation)
+_PUNCTUATION_TABLE = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
@@ -62,8 +62,7 @@ def last_tag_content(text: str, tag: str) -> str | None:
 def normalize_answer(text: str) -> str:
     """SQuAD normalization as in Search-R1's qa_em.normalize_answer: lower case, drop ASCII punctuation,
     drop the articles a/an/the, collapse whitespace (same order of operations)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = text.lower().translate(_PUNCTUATION_TABLE)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 
@@ -81,30 +80,171 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _scalar_text(value) -> str | None:
+    """One gold answer as text, or None when it cannot be one (never raises)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:  # e.g. an int over Python's 4300-digit str() limit, or a broken __str__
+        return None
+
+
+def _plain(value):
+    """numpy arrays and scalars as Python lists and scalars (a 0-d array cannot be iterated)."""
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None and not isinstance(value, (str, bytes)):
+        try:
+            return tolist()
+        except Exception:
+            return value
+    return value
+
+
 def gold_targets(ground_truth) -> list[str]:
-    """The gold answers as a list of strings.
+    """The gold answers as a list of strings; never raises.
 
     Accepts our row format ``{"target": [...]}`` (after a parquet round trip the list may be a numpy
-    array), a bare list, or a bare string (DAPO-Math-17k's published ``ground_truth``).
+    array), a bare list, or a bare string (DAPO-Math-17k's published ``ground_truth``). Bytes are
+    decoded as UTF-8 with replacement; anything that is not text, a number or a list of them is
+    rendered with ``str`` (it then matches nothing a model writes) or dropped.
     """
-    if isinstance(ground_truth, Mapping):
-        ground_truth = ground_truth.get("target", ())
+    try:
+        if isinstance(ground_truth, Mapping):
+            ground_truth = ground_truth.get("target", ())
+    except Exception:
+        return []
+    ground_truth = _plain(ground_truth)
     if ground_truth is None:
         return []
     if isinstance(ground_truth, (str, bytes, int, float)):
         ground_truth = [ground_truth]
-    if not isinstance(ground_truth, Iterable):
+    if isinstance(ground_truth, Mapping) or not isinstance(ground_truth, Iterable):
         return []
-    return [g.decode() if isinstance(g, bytes) else str(g) for g in ground_truth if g is not None]
+    golds = []
+    try:
+        for gold in ground_truth:
+            text = _scalar_text(_plain(gold))
+            if text is not None:
+                golds.append(text)
+    except Exception:  # an iterable that fails while iterating
+        pass
+    return golds
 
 
 def as_text(solution_str) -> str:
     """Model output as ``str``; verl passes a decoded string, but never raise on anything else."""
     if isinstance(solution_str, str):
         return solution_str
-    if isinstance(solution_str, bytes):
-        return solution_str.decode("utf-8", errors="replace")
-    return "" if solution_str is None else str(solution_str)
+    return _scalar_text(_plain(solution_str)) or ""
+
+
+class SubstringMatcher:
+    """Whether any of ``needles`` occurs in a text, in time linear in the text plus the needles.
+
+    Small cases (text length x needle count up to :data:`_SCAN_BUDGET`) use ``str.__contains__``
+    (C speed); larger ones an Aho-Corasick automaton, built once per matcher, so one 1 MB answer
+    against 1000 aliases costs one pass over the answer, not a thousand.
+    """
+
+    _SCAN_BUDGET = 1 << 20
+
+    def __init__(self, needles: Sequence[str]):
+        self.needles = list(dict.fromkeys(needles))
+        self._has_empty = "" in self.needles
+        self._automaton = None
+
+    def found_in(self, text: str) -> bool:
+        if not self.needles:
+            return False
+        if self._has_empty:
+            return True  # "" is a substring of every text, as in Search-R1's ``subem_check``
+        if len(text) * len(self.needles) <= self._SCAN_BUDGET:
+            return any(needle in text for needle in self.needles)
+        if self._automaton is None:
+            self._automaton = _build_automaton(self.needles)
+        goto, fail, out = self._automaton
+        state = 0
+        for char in text:
+            while state and char not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(char, 0)
+            if out[state]:
+                return True
+        return False
+
+
+def _build_automaton(needles: Sequence[str]) -> tuple[list[dict], list[int], list[bool]]:
+    """Aho-Corasick: trie transitions, failure links, and whether a needle ends at each state."""
+    goto: list[dict] = [{}]
+    out = [False]
+    for needle in needles:
+        state = 0
+        for char in needle:
+            nxt = goto[state].get(char)
+            if nxt is None:
+                goto.append({})
+                out.append(False)
+                nxt = goto[state][char] = len(goto) - 1
+            state = nxt
+        out[state] = True
+    fail = [0] * len(goto)
+    queue = deque(goto[0].values())
+    while queue:
+        state = queue.popleft()
+        for char, child in goto[state].items():
+            queue.append(child)
+            link = fail[state]
+            while link and char not in goto[link]:
+                link = fail[link]
+            fail[child] = goto[link].get(char, 0)
+            out[child] = out[child] or out[fail[child]]
+    return goto, fail, out
+
+
+class GoldAliases:
+    """Gold aliases SQuAD-normalized once, scored against a normalized prediction in linear time.
+
+    ``exact`` is Search-R1's ``em_check``, ``substring`` its ``subem_check``, ``best_f1`` the
+    best SQuAD token F1 over the aliases; each costs the prediction's length plus the aliases'
+    total length (the prediction's token counts are computed once, not once per alias).
+    """
+
+    def __init__(self, golds: Iterable[str]):
+        self.normalized = [normalize_answer(gold) for gold in golds]
+        self._exact = frozenset(self.normalized)
+        self._tokens = [Counter(gold.split()) for gold in self.normalized]
+        self._substrings = SubstringMatcher(self.normalized)
+
+    def __len__(self) -> int:
+        return len(self.normalized)
+
+    def exact(self, prediction: str) -> bool:
+        return prediction in self._exact
+
+    def substring(self, text: str) -> bool:
+        return self._substrings.found_in(text)
+
+    def best_f1(self, prediction: str) -> float:
+        if not self.normalized:
+            return 0.0
+        predicted = Counter(prediction.split())
+        predicted_total = sum(predicted.values())
+        best = 0.0
+        for gold in self._tokens:
+            gold_total = sum(gold.values())
+            if not predicted_total or not gold_total:
+                best = max(best, float(predicted_total == gold_total))
+                continue
+            overlap = sum(min(count, predicted.get(token, 0)) for token, count in gold.items())
+            if overlap:
+                precision, recall = overlap / predicted_total, overlap / gold_total
+                best = max(best, 2 * precision * recall / (precision + recall))
+        return best
 
 
 def make_result(

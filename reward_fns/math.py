@@ -27,7 +27,8 @@ _FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
 _SQRT_SHORT = re.compile(r"\\sqrt(\w)")
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?=")
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_DECIMAL = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)$")
+# Unambiguous (one way to match each string), so a 999-digit non-number fails in linear time.
+_DECIMAL = re.compile(r"^-?(?:\d+(?:\.\d*)?|\.\d+)$")
 _FRACTION = re.compile(r"^(-?\d+)/(-?\d+)$")
 
 
@@ -125,22 +126,37 @@ def to_number(normalized: str) -> Fraction | None:
     return None
 
 
+class _Normalized:
+    """An answer normalized once, with its exact value when it is a number."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, answer: str):
+        self.text = normalize_math(answer)
+        self.value = to_number(self.text)
+
+    def matches(self, other: _Normalized) -> bool:
+        if self.text == other.text:
+            return True
+        if self.value is None or other.value is None:
+            return False
+        return abs(self.value - other.value) <= Fraction(1, 10**9) * max(1, abs(other.value))
+
+
 def is_equivalent(answer: str, gold: str) -> bool:
-    """Normalized string equality, or numeric equality within a relative 1e-9."""
-    normalized_answer, normalized_gold = normalize_math(answer), normalize_math(gold)
-    if normalized_answer == normalized_gold:
-        return True
-    answer_value, gold_value = to_number(normalized_answer), to_number(normalized_gold)
-    if answer_value is None or gold_value is None:
-        return False
-    return abs(answer_value - gold_value) <= Fraction(1, 10**9) * max(1, abs(gold_value))
+    """Normalized string equality, or numeric equality within a relative 1e-9 of the gold."""
+    return _Normalized(answer).matches(_Normalized(gold))
 
 
 def compute_score(data_source=None, solution_str="", ground_truth=None, extra_info=None) -> dict[str, float]:
     """verl custom reward: 1.0 iff the final answer is equivalent to a gold answer, else 0.0.
 
     ``ground_truth`` is ``{"target": ["34"]}`` (our rows) or DAPO-Math-17k's bare string ``"34"``.
+    The answer is normalized once and each gold once: the cost is linear in their total length.
     """
     answer = extract_final_answer(as_text(solution_str))
-    correct = answer is not None and any(is_equivalent(answer, gold) for gold in gold_targets(ground_truth))
+    correct = False
+    if answer is not None:
+        normalized = _Normalized(answer)
+        correct = any(normalized.matches(_Normalized(gold)) for gold in gold_targets(ground_truth))
     return make_result(float(correct), acc=float(correct), unparseable=answer is None)

@@ -22,13 +22,13 @@ musique, bamboogle.
 from __future__ import annotations
 
 from reward_fns._text import (
+    GoldAliases,
     as_text,
     gold_targets,
     last_tag_content,
     make_result,
     normalize_answer,
     response_only,
-    token_f1,
 )
 
 
@@ -39,23 +39,25 @@ def extract_answer(solution_str: str) -> str | None:
 
 def em_check(prediction: str, golds: list[str]) -> bool:
     """Search-R1's ``em_check``: normalized prediction equals some normalized gold alias."""
-    normalized = normalize_answer(prediction)
-    return any(normalize_answer(gold) == normalized for gold in golds)
+    return GoldAliases(golds).exact(normalize_answer(prediction))
 
 
 def subem_check(prediction: str, golds: list[str]) -> bool:
     """Search-R1's ``subem_check``: some normalized gold alias is a substring of the normalized prediction."""
-    normalized = normalize_answer(prediction)
-    return any(normalize_answer(gold) in normalized for gold in golds)
+    return GoldAliases(golds).substring(normalize_answer(prediction))
 
 
-def answer_metrics(answer: str | None, golds: list[str]) -> tuple[float, float, float]:
-    """(EM, sub-EM, best F1) of an extracted answer; all 0 when there is no answer."""
-    if answer is None or not golds:
+def answer_metrics(answer: str | None, golds: list[str] | GoldAliases) -> tuple[float, float, float]:
+    """(EM, sub-EM, best F1) of an extracted answer; all 0 when there is no answer.
+
+    The answer is normalized once and each alias once, so the cost is linear in the answer's
+    length plus the aliases' total length.
+    """
+    aliases = golds if isinstance(golds, GoldAliases) else GoldAliases(golds)
+    if answer is None or not len(aliases):
         return 0.0, 0.0, 0.0
     normalized = normalize_answer(answer)
-    f1 = max(token_f1(normalized, normalize_answer(gold)) for gold in golds)
-    return float(em_check(answer, golds)), float(subem_check(answer, golds)), f1
+    return float(aliases.exact(normalized)), float(aliases.substring(normalized)), aliases.best_f1(normalized)
 
 
 def compute_score(
@@ -71,9 +73,8 @@ def compute_score(
 
     ``ground_truth`` is the row's ``reward_model.ground_truth``: ``{"target": [aliases]}``.
     """
-    golds = gold_targets(ground_truth)
     answer = extract_answer(as_text(solution_str))
-    em, sub_em, f1 = answer_metrics(answer, golds)
+    em, sub_em, f1 = answer_metrics(answer, GoldAliases(gold_targets(ground_truth)))
     if answer is None:
         reward = 0.0
     else:
