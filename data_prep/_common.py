@@ -41,6 +41,11 @@ SCHEMA = pa.schema(
                     ("choices", pa.list_(pa.string())),  # option texts in letter order; empty when not multiple choice
                     ("source_id", pa.string()),  # the id in the source file ("" when it has none)
                     ("subject", pa.string()),  # e.g. the MMLU subject; "" when none
+                    # a reward name of reward_fns (e.g. "qa_em") overriding the router's choice by
+                    # data_source; "" = by data_source. Used by sources the router does not know
+                    # (the quick start's sorl_quickstart). Added after the first release: older
+                    # files lack it, so regenerate them before mixing with new ones.
+                    ("reward_fn", pa.string()),
                 ]
             ),
         ),
@@ -72,6 +77,7 @@ def make_row(
     choices: Sequence[str] = (),
     source_id: str = "",
     subject: str = "",
+    reward_fn: str = "",
 ) -> dict:
     """One verl row in our format: a single user message and a rule reward with ``{"target": [...]}``."""
     return {
@@ -88,6 +94,7 @@ def make_row(
             "choices": [str(c) for c in choices],
             "source_id": str(source_id),
             "subject": subject,
+            "reward_fn": reward_fn,
         },
     }
 

@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> None:
     for split in ("sft", "train", "val"):
         p.add_argument(f"--n-{split}", type=int, help=f"number of {split} facts")
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--guess-fraction",
+        type=float,
+        help="demonstration mix: share of SFT demonstrations that answer at once with a wrong guess instead of searching",
+    )
     p.add_argument("--topk", type=int, help="passages per search (must match the agent loop's)")
     p.add_argument("--max-obs-length", type=int, help="observation tokens kept (must match the agent loop's)")
     p.add_argument("--no-wiki", dest="include_wiki", action="store_const", const=False, help="KB documents only")

@@ -10,6 +10,10 @@ Writes into a run folder::
     model/                     tiny Qwen2 + tokenizer after the SFT warm start
     prepare.json               settings, sizes, timings, SFT losses (written last: marks completion)
 
+A second call with the same settings returns ``prepare.json`` without redoing anything; a
+call with different settings (say another ``topk``) refuses with :class:`PrepareMismatch`,
+since the warm start's demonstrations would no longer match the run's agent loop.
+
 Our design (not the paper's); see :mod:`sorl_verl.quickstart.task` and :mod:`.sft`.
 """
 
@@ -21,15 +25,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sorl_verl.fileio import atomic_file, write_text_atomic
+from data_prep._common import write_parquet_atomic
+from sorl_verl.fileio import write_text_atomic
 from sorl_verl.quickstart.task import (
     SEARCH_R1_TAGS,
     Fact,
+    choose_guessers,
     corpus_vocabulary,
     demonstration,
     fact_documents,
     fact_row,
     generate_facts,
+    guess_demonstration,
     made_up_words,
     prompt_messages,
     write_facts,
@@ -42,8 +49,11 @@ PREPARE_MARKER = "prepare.json"
 class PrepareConfig:
     """Sizes and model settings of the quick start (defaults: what fits ~15 min on 2 cores)."""
 
-    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 64})
+    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     seed: int = 0
+    # the demonstration mix: this share of the SFT demonstrations answers at once with a wrong
+    # guess instead of searching (task.guess_demonstration), so RL has to teach *when to search*
+    guess_fraction: float = 0.5
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
     topk: int = 1  # passages per search, in the demonstrations and in the agent loop
     max_obs_length: int = 64  # observation tokens kept, in the demonstrations and in the agent loop
@@ -53,13 +63,6 @@ class PrepareConfig:
     sft_steps: int = 600
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
-
-
-def _write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    import pandas as pd
-
-    with atomic_file(path) as tmp:
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
 
 
 def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
@@ -78,19 +81,28 @@ def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
     build_index(corpus_path, task_dir / "index", method="bm25", overwrite=True, show_progress=False)
     for split in ("train", "val"):
         rows = [fact_row(f, i) for i, f in enumerate(f for f in facts if f.split == split)]
-        _write_parquet_atomic(rows, task_dir / f"{split}.parquet")
+        write_parquet_atomic(rows, task_dir / f"{split}.parquet")
     return facts
 
 
-def demonstration_segments(facts: list[Fact], index_dir: Path, topk: int) -> list[list[tuple[str, bool]]]:
-    """Each fact's demonstration, with the observation the agent loop would show for its query."""
+def demonstration_segments(
+    facts: list[Fact], index_dir: Path, topk: int, guess: list[bool] | None = None
+) -> list[list[tuple[str, bool]]]:
+    """Each fact's demonstration, with the observation the agent loop would show for its query.
+
+    Where ``guess[i]`` is true, fact ``i`` gets the guessing demonstration instead (no search).
+    """
     from sorl_verl.agent.retrieval_client import format_passages
     from sorl_verl.agent.search_r1_loop import information_block
     from sorl_verl.retrieval import load_retriever
 
+    guess = guess or [False] * len(facts)
     retriever = load_retriever(index_dir)
     hit_lists = retriever.search([f.query for f in facts], topk=topk)
-    return [demonstration(f, information_block(format_passages(hits))) for f, hits in zip(facts, hit_lists, strict=True)]
+    return [
+        guess_demonstration(f) if g else demonstration(f, information_block(format_passages(hits)))
+        for f, hits, g in zip(facts, hit_lists, guess, strict=True)
+    ]
 
 
 def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
@@ -101,7 +113,8 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
     from sorl_verl.quickstart.sft import tokenize_trajectory, train_sft
 
     sft_facts = [f for f in facts if f.split == "sft"]
-    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk)
+    guess = choose_guessers(sft_facts, cfg.guess_fraction, seed=cfg.seed)
+    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, guess)
     texts = [f.question for f in facts] + [f.document_text for f in facts]
     texts += [text for demo in segments for text, _ in demo]
     model_dir = build_tiny_model(
@@ -133,19 +146,47 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         "n_params": meta["n_params"],
         "vocab_size": meta["vocab_size"],
         "sft_examples": len(examples),
+        "sft_guess_examples": sum(guess),
         "sft_mean_tokens": sum(len(e.input_ids) for e in examples) / len(examples),
         "sft_loss_first": losses[0],
         "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
     }
 
 
+class PrepareMismatch(ValueError):
+    """``prepare.json`` of a run folder records other settings than the ones asked for."""
+
+
+def check_prepared(marker: Path, cfg: PrepareConfig) -> dict:
+    """The content of an existing ``prepare.json``, if its settings equal ``cfg``; else :class:`PrepareMismatch`."""
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+        recorded = info["config"]
+        if not isinstance(recorded, dict):
+            raise TypeError("field 'config' is not an object")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise PrepareMismatch(f"{marker}: not a prepare record ({e}); remove the run folder to prepare it again") from None
+    wanted = json.loads(json.dumps(asdict(cfg)))  # the types the JSON round trip gives (tuples -> lists)
+    differ = sorted(k for k in set(wanted) | set(recorded) if recorded.get(k, "<missing>") != wanted.get(k, "<missing>"))
+    if differ:
+        details = ", ".join(f"{k}: prepared {recorded.get(k, '<missing>')!r}, asked {wanted.get(k, '<missing>')!r}" for k in differ)
+        raise PrepareMismatch(
+            f"{marker}: this run folder was prepared with other settings ({details}). The warm start's "
+            "demonstrations would not match this run: use a new --out folder, or the settings it was prepared with."
+        )
+    return info
+
+
 def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_progress: bool = True) -> dict:
-    """Run steps 1-2 into ``run_dir`` unless ``prepare.json`` says they are done; returns its content."""
+    """Run steps 1-2 into ``run_dir`` unless ``prepare.json`` says they are done; returns its content.
+
+    Raises :class:`PrepareMismatch` when ``prepare.json`` exists with settings other than ``cfg``.
+    """
     cfg = cfg or PrepareConfig()
     run_dir = Path(run_dir)
     marker = run_dir / PREPARE_MARKER
     if marker.is_file():
-        return json.loads(marker.read_text(encoding="utf-8"))
+        return check_prepared(marker, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     facts = build_task(run_dir / "task", cfg)

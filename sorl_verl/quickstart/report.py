@@ -1,156 +1,40 @@
-"""Plots and the summary table of a quick-start run, from verl's metrics JSONL.
+"""The summary numbers of a quick-start run, and the terminal's one line per trainer step.
 
-verl's file logger (``trainer.logger=[...,'file']``, path from ``VERL_FILE_LOGGER_PATH``)
-writes one ``{"step": s, "data": {metric: value}}`` line per ``logger.log`` call: the
-validation before training at step 0 (or at the resumed step), then one line per training
-step (holding that step's validation when ``trainer.test_freq`` hits). The logger truncates
-its file when it opens it, so a resumed run writes a new file; :func:`load_metrics` merges
-several files by step (a later file wins for the same metric).
-
-Metric names are verl's (``val-core/<source>/reward/mean@1``, ``actor/pg_clipfrac``,
-``num_turns/mean``) and sorl-verl's (``actor/sorl/...``); each plot lists the names it
-accepts, in order of preference, so the same report works for every algorithm and shows
-what a variant does not log instead of failing.
+Metrics are read with the project's one reader, :mod:`sorl_verl.tables` (``read_metrics``
+merges the run's ``metrics-*.jsonl`` files, one per launch; ``validation_scores`` picks
+verl's ``val-core/<source>/<acc|reward>/mean@<n>``); plots are drawn by
+:func:`sorl_verl.tables.plot.plot_runs`. This module only adds what is specific to the
+quick start: the before -> after summary, the turn count of a ``search_r1`` trajectory,
+the per-phase step timings, and the parsing of verl's console lines for the progress filter.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-VAL_REWARD_PATTERN = re.compile(r"^val-core/(?P<source>[^/]+)/(acc|reward)/mean@\d+$")
+from sorl_verl.tables.plot import mean_validation_curve
+from sorl_verl.tables.runs import Run, validation_scores
 
-
-def load_metrics(paths: Iterable[str | Path]) -> dict[int, dict[str, float]]:
-    """Read metrics JSONL files into ``{step: {name: value}}`` (files in order; later wins).
-
-    Non-numeric values are dropped. Raises ``ValueError`` naming the file and line for a
-    malformed line.
-    """
-    merged: dict[int, dict[str, float]] = {}
-    for path in paths:
-        path = Path(path)
-        for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                step = int(row["step"])
-                data = row["data"]
-                if not isinstance(data, dict):
-                    raise TypeError("field 'data' is not an object")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{line_number}: not a verl file-logger line ({e})") from None
-            values = merged.setdefault(step, {})
-            for name, value in data.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                values[name] = float(value)
-    return merged
+TRAIN_REWARD = "critic/score/mean"
+TOKEN_CLIP = "actor/pg_clipfrac"
+TURN_CLIP = "actor/sorl/clipfrac_turn"
+VAL_TURNS = "val-aux/num_turns/mean"
+# verl's marked_timer names (ray_trainer.fit): the phases of one training step
+TIMING_PREFIX = "timing_s/"
 
 
-def val_reward(metrics: dict[str, float]) -> float | None:
-    """Mean validation reward of one logged step (mean over data sources), or ``None``."""
-    values = [v for k, v in metrics.items() if VAL_REWARD_PATTERN.match(k) and math.isfinite(v)]
-    return sum(values) / len(values) if values else None
+def progress_validation(values: dict[str, float]) -> float | None:
+    """Mean validation score over data sources in one console line's values, or ``None``."""
+    scores = [by_step[0] for by_step in validation_scores({0: values}).values() if math.isfinite(by_step[0])]
+    return sum(scores) / len(scores) if scores else None
 
 
-def series(history: dict[int, dict[str, float]], names: Sequence[str]) -> tuple[str | None, list[int], list[float]]:
-    """The first of ``names`` that was logged, as ``(name, steps, values)``; ``(None, [], [])`` if none."""
-    for name in names:
-        points = [(step, m[name]) for step, m in sorted(history.items()) if name in m and math.isfinite(m[name])]
-        if points:
-            return name, [s for s, _ in points], [v for _, v in points]
-    return None, [], []
-
-
-@dataclass(frozen=True)
-class PlotSpec:
-    filename: str
-    title: str
-    ylabel: str
-    curves: tuple[tuple[str, tuple[str, ...]], ...]  # (label, accepted metric names in order)
-
-
-PLOTS = (
-    PlotSpec(
-        "clip_fraction.png",
-        "Clip fraction per training step",
-        "fraction",
-        (
-            ("token clip fraction", ("actor/pg_clipfrac",)),
-            ("turn clip fraction", ("actor/sorl/clipfrac_turn",)),
-        ),
-    ),
-    PlotSpec(
-        "clip_bias_norm.png",
-        "Clipping-bias norm per training step",
-        "norm",
-        (("clipping-bias norm C_norm", ("actor/sorl/c_norm",)),),
-    ),
-    PlotSpec(
-        "norm_scale.png",
-        "Normalization scale per training step",
-        "scale",
-        (("normalization scale", ("actor/sorl/norm_scale",)),),
-    ),
-    PlotSpec(
-        "train_reward.png",
-        "Training reward (rollouts) per step",
-        "reward",
-        (("mean score", ("critic/score/mean",)),),
-    ),
-)
-
-
-def write_plots(history: dict[int, dict[str, float]], out_dir: str | Path, title_prefix: str = "") -> dict[str, str]:
-    """Write the PNG plots into ``out_dir``; returns ``{filename: "written" | reason skipped}``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    status: dict[str, str] = {}
-
-    steps = [s for s, m in sorted(history.items()) if val_reward(m) is not None]
-    if steps:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(steps, [val_reward(history[s]) for s in steps], marker="o")
-        ax.set(title=f"{title_prefix}Validation reward (exact match)", xlabel="training step", ylabel="reward")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out_dir / "val_reward.png", dpi=100)
-        plt.close(fig)
-        status["val_reward.png"] = "written"
-    else:
-        status["val_reward.png"] = "no validation metrics logged"
-
-    for spec in PLOTS:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        drawn = []
-        for label, names in spec.curves:
-            name, xs, ys = series(history, names)
-            if name is not None:
-                ax.plot(xs, ys, marker=".", label=f"{label} ({name})")
-                drawn.append(name)
-        if drawn:
-            ax.set(title=f"{title_prefix}{spec.title}", xlabel="training step", ylabel=spec.ylabel)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            fig.tight_layout()
-            fig.savefig(out_dir / spec.filename, dpi=100)
-            status[spec.filename] = "written"
-        else:
-            accepted = ", ".join(n for _, names in spec.curves for n in names)
-            status[spec.filename] = f"not logged by this algorithm (looked for {accepted})"
-        plt.close(fig)
-    return status
+def _series(steps: dict[int, dict[str, float]], name: str) -> list[float]:
+    return [steps[s][name] for s in sorted(steps) if name in steps[s]]
 
 
 @dataclass(frozen=True)
@@ -163,18 +47,24 @@ class Summary:
     turns_after: float | None
     token_clip_frac: float | None  # mean over training steps
     turn_clip_frac: float | None
+    step_seconds: float | None = None  # median of timing_s/step over training steps
+    timing: dict[str, float] = field(default_factory=dict)  # phase -> median seconds per step
 
     def rows(self) -> list[tuple[str, str]]:
         def fmt(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.3f}"
 
-        return [
+        rows = [
             ("validation reward (before -> after)", f"{fmt(self.val_reward_before)} -> {fmt(self.val_reward_after)}"),
             ("validation steps (before, after)", f"{self.first_step}, {self.last_step}"),
             ("model turns per trajectory, validation (before -> after)", f"{fmt(self.turns_before)} -> {fmt(self.turns_after)}"),
             ("token clip fraction (mean over steps)", fmt(self.token_clip_frac)),
             ("turn clip fraction (mean over steps)", fmt(self.turn_clip_frac)),
         ]
+        if self.step_seconds is not None:
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in self.timing.items() if k != "step")
+            rows.append(("seconds per training step (median)", f"{self.step_seconds:.2f} ({phases})"))
+        return rows
 
 
 def _mean(values: list[float]) -> float | None:
@@ -185,27 +75,40 @@ def _half(x: float | None) -> float | None:
     return None if x is None else x / 2
 
 
-def summarize(history: dict[int, dict[str, float]]) -> Summary:
-    """Reward before/after (first and last logged validation), turns, mean clip fractions.
+# the phases worth showing, in the order of a step; others (start_profile, ...) are noise
+TIMING_PHASES = ("step", "gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights", "save_checkpoint", "testing")
 
+
+def summarize(run: Run) -> Summary:
+    """Reward before/after (first and last logged validation), turns, mean clip fractions, step timings.
+
+    ``run`` is :func:`sorl_verl.tables.load_run`'s reading of the run folder; the
+    validation score is the mean over data sources (``tables.plot.mean_validation_curve``).
     Turns: verl's ``num_turns`` counts the user turn, every model turn and every observation;
     a ``search_r1`` trajectory of ``m`` model turns has ``m - 1`` observations, so ``m`` is
     ``num_turns / 2`` (exact unless an observation was cut by the length budget).
+    Timings: the median over training steps of each ``timing_s/<phase>`` verl logs (the
+    median, because a step that validates or saves a checkpoint is much longer).
     """
-    val_steps = [s for s, m in sorted(history.items()) if val_reward(m) is not None]
-    first, last = (val_steps[0], val_steps[-1]) if val_steps else (None, None)
-    turn_name = "val-aux/num_turns/mean"
-    _, _, token_clip = series(history, ("actor/pg_clipfrac",))
-    _, _, turn_clip = series(history, ("actor/sorl/clipfrac_turn",))
+    steps = run.steps
+    val = dict(zip(*mean_validation_curve(run), strict=True))
+    first, last = (min(val), max(val)) if val else (None, None)
+    timing = {}
+    for phase in TIMING_PHASES:
+        values = [v for v in _series(steps, TIMING_PREFIX + phase) if math.isfinite(v)]
+        if values:
+            timing[phase] = round(statistics.median(values), 3)
     return Summary(
-        val_reward_before=val_reward(history[first]) if first is not None else None,
-        val_reward_after=val_reward(history[last]) if last is not None else None,
+        val_reward_before=val[first] if first is not None else None,
+        val_reward_after=val[last] if last is not None else None,
         first_step=first,
         last_step=last,
-        turns_before=_half(history[first].get(turn_name)) if first is not None else None,
-        turns_after=_half(history[last].get(turn_name)) if last is not None else None,
-        token_clip_frac=_mean(token_clip),
-        turn_clip_frac=_mean(turn_clip),
+        turns_before=_half(steps[first].get(VAL_TURNS)) if first is not None else None,
+        turns_after=_half(steps[last].get(VAL_TURNS)) if last is not None else None,
+        token_clip_frac=_mean(_series(steps, TOKEN_CLIP)),
+        turn_clip_frac=_mean(_series(steps, TURN_CLIP)),
+        step_seconds=timing.get("step"),
+        timing=timing,
     )
 
 
@@ -240,15 +143,15 @@ def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
 def progress_line(step: int, values: dict[str, float], elapsed_s: float) -> str:
     """One short line per logged step for the terminal (the full line goes to train.log)."""
     parts = [f"[{elapsed_s / 60:5.1f} min] step {step:3d}"]
-    if "critic/score/mean" in values:
-        parts.append(f"train reward {values['critic/score/mean']:.3f}")
-    reward = val_reward(values)
+    if TRAIN_REWARD in values:
+        parts.append(f"train reward {values[TRAIN_REWARD]:.3f}")
+    reward = progress_validation(values)
     if reward is not None:
         parts.append(f"VALIDATION reward {reward:.3f}")
-    if "actor/pg_clipfrac" in values:
-        parts.append(f"token clip {values['actor/pg_clipfrac']:.3f}")
-    if "actor/sorl/clipfrac_turn" in values:
-        parts.append(f"turn clip {values['actor/sorl/clipfrac_turn']:.3f}")
+    if TOKEN_CLIP in values:
+        parts.append(f"token clip {values[TOKEN_CLIP]:.3f}")
+    if TURN_CLIP in values:
+        parts.append(f"turn clip {values[TURN_CLIP]:.3f}")
     if "timing_s/step" in values:
         parts.append(f"{values['timing_s/step']:.1f} s/step")
     return " | ".join(parts)

@@ -147,18 +147,3 @@ def train_sft(
         model.save_pretrained(tmp)
     return losses
 
-
-@torch.no_grad()
-def greedy_continue(model, tokenizer, input_ids: list[int], max_new_tokens: int, stop_strings: Sequence[str] = ()) -> str:
-    """Greedy continuation of ``input_ids`` until eos, a stop string or ``max_new_tokens`` (for quick checks)."""
-    ids = torch.tensor([input_ids])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        stop_strings=list(stop_strings) or None,
-        tokenizer=tokenizer if stop_strings else None,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return tokenizer.decode(out[0, len(input_ids):], skip_special_tokens=False)

@@ -18,10 +18,22 @@ can learn on two CPU cores in minutes, while still needing the multi-turn search
   ``<think> .. </think>\\n<answer> value </answer>``. Each thought restates what the
   next action copies (the name, then the value): measured, a 0.5M-parameter model learns
   to copy from its context within a few hundred SFT steps with these repeated copies,
-  and not within 800 steps when the thoughts name only the relation.
+  and not within 800 steps when the thoughts name only the relation;
+- a *demonstration mix* (``guess_fraction``): that share of the demonstrations does not
+  search but answers at once with a wrong guess, the entity's own name
+  (:func:`guess_demonstration`). Its thought is the same as a searching demonstration's,
+  so the warm start's choice between searching and guessing is one token (``<search>`` vs
+  ``<answer>`` after the first thought), taken about ``1 - guess_fraction`` of the time
+  whatever the question. A guess scores 0 and a search usually scores 1, so RL has one
+  thing to learn that it can learn in minutes: *when to use the tool* (always). That is
+  Search-R1's story in miniature; the warm start's copying skill is what bounds the
+  score RL can reach.
 
-Rows are written in verl's parquet format (``prompt`` chat messages, ``reward_model``
-with ``ground_truth.target``, ``agent_name`` = ``search_r1``).
+Rows are written with the project's one row schema and writer (``data_prep._common``:
+``make_row``, ``write_parquet_atomic``): ``prompt`` chat messages, ``reward_model`` with
+``ground_truth.target``, ``agent_name`` = ``search_r1``; the quick start's own fields go
+into that schema's ``extra_info`` (relation -> ``subject``, document id -> ``source_id``,
+``reward_fn`` = ``qa_em`` for the reward router).
 """
 
 from __future__ import annotations
@@ -33,6 +45,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from data_prep._common import make_row
+from sorl_verl.fileio import write_text_atomic
 
 # The tags of the Search-R1 format (made single tokens of the tiny tokenizer).
 SEARCH_R1_TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>")
@@ -217,22 +232,22 @@ def prompt_messages(question: str) -> list[dict]:
 
 
 def fact_row(fact: Fact, index: int) -> dict:
-    """One verl parquet row (the layout of the project's data preparation)."""
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": prompt_messages(fact.question),
-        "ability": "fact-reasoning",
-        "reward_model": {"style": "rule", "ground_truth": {"target": [fact.value]}},
-        # reward_fn: the reward router (reward_fns.compute_score) scores this custom source with qa_em
-        "extra_info": {
-            "split": fact.split,
-            "index": index,
-            "question": fact.question,
-            "relation": fact.relation,
-            "reward_fn": "qa_em",
-        },
-        "agent_name": AGENT_NAME,
-    }
+    """One verl parquet row of :data:`data_prep._common.SCHEMA` (reward: ``qa_em`` via ``extra_info.reward_fn``)."""
+    return make_row(
+        data_source=DATA_SOURCE,
+        agent_name=AGENT_NAME,
+        content=prompt_messages(fact.question)[0]["content"],
+        ability="fact-reasoning",
+        targets=[fact.value],
+        split=fact.split,
+        index=index,
+        question=fact.question,
+        retrieval_query=fact.question,
+        source_id=fact.doc_id,
+        subject=fact.relation,
+        # the reward router (reward_fns.compute_score) scores this custom data source with qa_em
+        reward_fn="qa_em",
+    )
 
 
 def demonstration(fact: Fact, information: str) -> list[tuple[str, bool]]:
@@ -249,15 +264,26 @@ def demonstration(fact: Fact, information: str) -> list[tuple[str, bool]]:
     ]
 
 
+def guess_demonstration(fact: Fact) -> list[tuple[str, bool]]:
+    """A demonstration that does not search: the same first thought, then a wrong guess (the entity's name).
+
+    The guess is never the answer (values and name parts are drawn from disjoint pools),
+    so this trajectory scores 0: the warm start learns to guess sometimes, RL to stop.
+    """
+    think = fact.rel.think_search.format(entity=fact.entity)
+    return [(f"<think> {think} </think>\n<answer> {fact.entity} </answer>", True)]
+
+
+def choose_guessers(facts: list[Fact], guess_fraction: float, seed: int) -> list[bool]:
+    """Which demonstrations guess instead of searching: ``round(guess_fraction * len(facts))`` of them, drawn with ``seed``."""
+    if not 0.0 <= guess_fraction <= 1.0:
+        raise ValueError(f"guess_fraction must be in [0, 1], got {guess_fraction}")
+    n_guess = round(guess_fraction * len(facts))
+    picked = set(random.Random(seed).sample(range(len(facts)), n_guess))
+    return [i in picked for i in range(len(facts))]
+
+
 def write_facts(facts: list[Fact], path: Path) -> None:
-    path.write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
+    """``facts`` as JSON lines (one :class:`Fact` each), written atomically."""
+    write_text_atomic(path, "".join(json.dumps(asdict(f)) + "\n" for f in facts))
 
-
-def read_facts(path: Path) -> list[Fact]:
-    facts = []
-    for line_number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            facts.append(Fact(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ValueError(f"{path}:{line_number}: not a fact row ({e})") from None
-    return facts

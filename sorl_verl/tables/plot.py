@@ -48,15 +48,19 @@ def _metric_for_panel(runs: list[Run], patterns: list[str]) -> str | None:
     return None
 
 
-def plot_runs(runs: list[Run], out: str | Path) -> list[str]:
-    """Write the PNG (atomically) and return the titles of the panels drawn."""
+def plot_runs(runs: list[Run], out: str | Path, extra_panels: list[tuple[str, list[str]]] = ()) -> list[str]:
+    """Write the PNG (atomically) and return the titles of the panels drawn.
+
+    ``extra_panels`` (same form as :data:`STABILITY_PANELS`) are drawn after those, e.g. the
+    quick start's training reward.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels: list[tuple[str, str | None]] = [("Validation score (mean over datasets)", None)]
-    for title, patterns in STABILITY_PANELS:
+    for title, patterns in [*STABILITY_PANELS, *extra_panels]:
         metric = _metric_for_panel(runs, patterns)
         if metric is not None:
             panels.append((f"{title}\n{metric}", metric))

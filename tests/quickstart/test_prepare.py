@@ -1,12 +1,18 @@
-"""Steps 1-2 end to end at a tiny size: files, rows, index, single-token names, idempotence."""
+"""Steps 1-2 end to end at a tiny size: files, rows, index, single-token names, the demonstration mix,
+idempotence, and the refusal to reuse a folder prepared with other settings."""
 
+import dataclasses
 import json
 
 import pandas as pd
 import pytest
 
-from sorl_verl.quickstart.prepare import PrepareConfig, prepare
-from sorl_verl.quickstart.task import made_up_words, read_facts
+from sorl_verl.quickstart.prepare import PrepareConfig, PrepareMismatch, prepare
+from sorl_verl.quickstart.task import Fact, made_up_words
+
+
+def read_facts(path):
+    return [Fact(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +26,7 @@ def prepared(tmp_path_factory):
         vocab_size=300,
         sft_steps=3,
         sft_batch_size=4,
+        guess_fraction=0.25,
     )
     info = prepare(run_dir, cfg, show_progress=False)
     return run_dir, cfg, info
@@ -39,7 +46,9 @@ def test_files_and_rows(prepared):
     meta = json.loads((run_dir / "task" / "index" / "meta.json").read_text())
     assert meta["method"] == "bm25" and meta["num_docs"] == len(facts)  # no wiki: the facts only
     assert (run_dir / "model" / "model.safetensors").is_file()
-    assert json.loads((run_dir / "prepare.json").read_text())["sft_examples"] == 40
+    recorded = json.loads((run_dir / "prepare.json").read_text())
+    assert recorded["sft_examples"] == 40 and recorded["sft_guess_examples"] == 10
+    assert recorded["config"]["guess_fraction"] == 0.25
 
 
 def test_made_up_words_are_single_tokens(prepared):
@@ -59,3 +68,31 @@ def test_prepare_is_skipped_when_done(prepared):
     stamp = (run_dir / "model" / "model.safetensors").stat().st_mtime_ns
     assert prepare(run_dir, cfg, show_progress=False) == info
     assert (run_dir / "model" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize(
+    "change", [{"topk": 2}, {"max_obs_length": 32}, {"seed": 7}, {"guess_fraction": 0.5}, {"sizes": {"sft": 40, "train": 12, "val": 9}}]
+)
+def test_prepare_refuses_other_settings(prepared, change):
+    run_dir, cfg, _ = prepared
+    stamp = (run_dir / "prepare.json").read_bytes()
+    other = dataclasses.replace(cfg, **change)
+    name = next(iter(change))
+    with pytest.raises(PrepareMismatch, match=rf"prepared with other settings \({name}: prepared .*, asked"):
+        prepare(run_dir, other, show_progress=False)
+    assert (run_dir / "prepare.json").read_bytes() == stamp
+
+
+def test_prepare_refuses_a_record_without_config(tmp_path):
+    (tmp_path / "prepare.json").write_text('{"facts": 3}\n')
+    with pytest.raises(PrepareMismatch, match="not a prepare record"):
+        prepare(tmp_path, PrepareConfig(), show_progress=False)
+
+
+def test_cli_reports_a_mismatch_as_an_error(prepared, capsys):
+    from sorl_verl.quickstart.__main__ import main
+
+    run_dir, cfg, _ = prepared
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prepare", str(run_dir), "--topk", "3", "--quiet"])
+    assert str(exit_info.value.code).startswith(f"error: {run_dir / 'prepare.json'}: this run folder was prepared")

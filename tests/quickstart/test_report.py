@@ -1,18 +1,16 @@
-"""Plots, summary numbers and the run report, from sample verl file-logger output."""
+"""Summary numbers, the run report, launches' wall time and the console filter, from sample verl output.
+
+Metrics are read by sorl_verl.tables (its own tests cover the reader's rules); these tests cover
+what the quick start adds on top.
+"""
 
 import json
 
 import pytest
 
-from sorl_verl.quickstart.report import (
-    load_metrics,
-    parse_console_line,
-    progress_line,
-    summarize,
-    val_reward,
-    write_plots,
-)
-from sorl_verl.quickstart.summary import report_run
+from sorl_verl.quickstart.report import parse_console_line, progress_line, progress_validation, summarize
+from sorl_verl.quickstart.summary import read_launches, record_launch, report_run, wall_seconds
+from sorl_verl.tables import load_run
 
 VAL = "val-core/sorl_quickstart/acc/mean@1"
 
@@ -28,7 +26,9 @@ def _sorl_step(step, clip, turn_clip, reward):
         "actor/sorl/clipfrac_turn": turn_clip,
         "actor/sorl/c_norm": 0.5 * step,
         "actor/sorl/norm_scale": 1.0 - 0.01 * step,
-        "timing_s/step": 3.0,
+        "timing_s/step": 3.0 + step,
+        "timing_s/gen": 1.0,
+        "timing_s/update_actor": 0.5 * step,
     }
 
 
@@ -41,59 +41,37 @@ def run_dir(tmp_path):
     second[1][1]["val-aux/num_turns/mean"] = 4.2
     (tmp_path / "metrics-20250101-000000.jsonl").write_text(_lines(first))
     (tmp_path / "metrics-20250101-010000.jsonl").write_text(_lines(second))
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(
+        "algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: so_ppo\n"
+        "trainer:\n  total_training_steps: 3\n  copy: ${trainer.total_training_steps}\n"
+    )
     return tmp_path
 
 
-def test_load_merges_files_in_order(run_dir):
-    history = load_metrics(sorted(run_dir.glob("metrics*.jsonl")))
-    assert sorted(history) == [0, 1, 2, 3]
-    assert history[2][VAL] == 0.3 and history[2]["actor/pg_clipfrac"] == pytest.approx(0.2)
-    assert val_reward(history[0]) == 0.25 and val_reward(history[1]) is None
-
-
-def test_bad_line_is_named(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 0, "data": {}}\n{"step": 1}\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
-        load_metrics([path])
-
-
 def test_summary_numbers(run_dir):
-    summary = summarize(load_metrics(sorted(run_dir.glob("metrics*.jsonl"))))
+    summary = summarize(load_run(run_dir))
     assert (summary.val_reward_before, summary.val_reward_after) == (0.25, 0.5)
     assert (summary.first_step, summary.last_step) == (0, 3)
     assert (summary.turns_before, summary.turns_after) == (2.0, 2.1)
     assert summary.token_clip_frac == pytest.approx((0.1 + 0.2 + 0.3) / 3)
     assert summary.turn_clip_frac == pytest.approx((0.2 + 0.4 + 0.4) / 3)
+    # medians over the training steps 1, 2, 3
+    assert summary.step_seconds == 5.0 and summary.timing == {"step": 5.0, "gen": 1.0, "update_actor": 1.0}
 
 
-def test_val_reward_averages_sources_and_ignores_aux():
+def test_progress_validation_averages_sources_and_ignores_aux():
     metrics = {
         "val-core/nq/acc/mean@1": 0.2,
         "val-core/hotpotqa/acc/mean@1": 0.4,
         "val-aux/nq/f1/mean@1": 0.9,
         "val-core/nq/acc/best@4/mean": 1.0,
     }
-    assert val_reward(metrics) == pytest.approx(0.3)
-
-
-def test_plots_written_and_missing_metrics_reported(run_dir, tmp_path):
-    history = load_metrics(sorted(run_dir.glob("metrics*.jsonl")))
-    status = write_plots(history, tmp_path / "plots")
-    for name in ("val_reward.png", "clip_fraction.png", "clip_bias_norm.png", "norm_scale.png", "train_reward.png"):
-        assert status[name] == "written"
-        assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a vanilla-PPO history: no SORL metrics, so those plots are skipped and say why
-    vanilla = {s: {k: v for k, v in m.items() if not k.startswith("actor/sorl/")} for s, m in history.items()}
-    status = write_plots(vanilla, tmp_path / "plots_ppo")
-    assert status["clip_fraction.png"] == "written"
-    assert status["norm_scale.png"].startswith("not logged")
-    assert not (tmp_path / "plots_ppo" / "norm_scale.png").exists()
+    assert progress_validation(metrics) == pytest.approx(0.3)
+    assert progress_validation({"critic/score/mean": 0.5}) is None
 
 
 def test_report_run_writes_summary_and_resolved_config(run_dir):
-    (run_dir / ".hydra").mkdir()
-    (run_dir / ".hydra" / "config.yaml").write_text("trainer:\n  total_training_steps: 3\n  copy: ${trainer.total_training_steps}\n")
     (run_dir / "checkpoints" / "global_step_2").mkdir(parents=True)
     (run_dir / "checkpoints" / "global_step_10").mkdir(parents=True)
     table = report_run(run_dir, algo="so_grpo", started_at=None)
@@ -101,8 +79,26 @@ def test_report_run_writes_summary_and_resolved_config(run_dir):
     assert "checkpoints/global_step_10" in table
     record = json.loads((run_dir / "summary.json").read_text())
     assert record["summary"]["val_reward_after"] == 0.5 and record["train_steps"] == 3
+    assert record["method"] == "SO-GRPO" and record["summary"]["timing"]["gen"] == 1.0
     assert "copy: 3" in (run_dir / "config_resolved.yaml").read_text()
-    assert (run_dir / "plots" / "val_reward.png").is_file()
+    assert (run_dir / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    titles = record["plots"]["curves.png"]
+    assert titles[0].startswith("Validation score") and any(t.startswith("Turn clip fraction") for t in titles)
+    assert any(t.startswith("Training reward") for t in titles)
+
+
+def test_wall_time_sums_over_launches(run_dir):
+    assert wall_seconds(run_dir, None) is None
+    record_launch(run_dir, 1000.0, 1600.0, how="exit")
+    record_launch(run_dir, 2000.0, 2100.0, how="cleanup after kill")
+    assert [r["how"] for r in read_launches(run_dir)] == ["exit", "cleanup after kill"]
+    assert wall_seconds(run_dir, None) == 700.0
+    assert wall_seconds(run_dir, started_at=5000.0, now=5060.0) == 760.0
+    table = report_run(run_dir, algo="so_grpo", started_at=None)
+    assert "11.7 min over 2 launches" in table
+    (run_dir / "launches.jsonl").write_text('{"started_at": 1}\n')
+    with pytest.raises(ValueError, match=r"launches.jsonl:1"):
+        read_launches(run_dir)
 
 
 def test_report_without_metrics_fails_clearly(tmp_path):

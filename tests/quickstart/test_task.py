@@ -1,22 +1,37 @@
 """The quick start's embedded task: deterministic, answers only in the corpus, rows scoreable."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
 from sorl_verl.quickstart.task import (
     RELATIONS,
     SPLITS,
+    Fact,
+    choose_guessers,
     demonstration,
     fact_documents,
     fact_row,
     generate_facts,
+    guess_demonstration,
     made_up_words,
-    read_facts,
     write_facts,
 )
 
 SIZES = {"sft": 60, "train": 30, "val": 12}
+
+
+def read_facts(path: Path) -> list[Fact]:
+    """facts.jsonl back into facts (the quick start itself never reads it; tests do)."""
+    facts = []
+    for line_number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            facts.append(Fact(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}:{line_number}: not a fact row ({e})") from None
+    return facts
 
 
 def test_generation_is_deterministic_and_seed_dependent():
@@ -108,3 +123,48 @@ def test_demonstration_marks_only_the_observation_untrainable():
     assert [trainable for _, trainable in segments] == [True, False, True]
     assert segments[0][0].endswith(f"<search> {fact.query} </search>")
     assert segments[2][0].endswith(f"<answer> {fact.value} </answer>")
+
+
+def test_row_has_the_shared_schema_and_keeps_the_quick_start_fields(tmp_path):
+    import pyarrow.parquet as pq
+
+    from data_prep._common import SCHEMA, write_parquet_atomic
+
+    facts = generate_facts(SIZES, seed=0)
+    rows = [fact_row(f, i) for i, f in enumerate(facts[:5])]
+    write_parquet_atomic(rows, tmp_path / "x.parquet")  # raises on any field outside the schema
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert table.schema.equals(SCHEMA)
+    info = table.to_pylist()[0]["extra_info"]
+    assert info["subject"] == facts[0].relation and info["source_id"] == facts[0].doc_id
+    assert info["reward_fn"] == "qa_em" and info["question"] == facts[0].question
+
+
+def test_guess_demonstration_answers_the_entity_at_once_and_scores_zero():
+    from reward_fns import compute_score
+
+    fact = generate_facts(SIZES, seed=0)[0]
+    segments = guess_demonstration(fact)
+    assert [trainable for _, trainable in segments] == [True]
+    text = segments[0][0]
+    assert "<search>" not in text and text.endswith(f"<answer> {fact.entity} </answer>")
+    # the same first thought as the searching demonstration: the choice is the next tag
+    search_text = demonstration(fact, "")[0][0]
+    assert text.split("<answer>")[0] == search_text.split("<search>")[0]
+    row = fact_row(fact, 0)
+    assert compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
+def test_choose_guessers_takes_the_fraction_deterministically(fraction):
+    facts = generate_facts(SIZES, seed=0)[:40]
+    picks = choose_guessers(facts, fraction, seed=5)
+    assert sum(picks) == round(fraction * 40) and len(picks) == 40
+    assert picks == choose_guessers(facts, fraction, seed=5)
+    if 0 < fraction < 1:
+        assert picks != choose_guessers(facts, fraction, seed=6)
+
+
+def test_choose_guessers_rejects_a_fraction_outside_0_1():
+    with pytest.raises(ValueError, match="guess_fraction"):
+        choose_guessers([], 1.5, seed=0)
