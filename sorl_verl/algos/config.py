@@ -15,10 +15,13 @@ paper defaults (:data:`LOSS_DEFAULTS`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from verl.workers.config import PolicyLossConfig
+
+from .correction import DEFAULT_KAPPA, DEFAULT_TAU, NORM_SCOPES, NORMALIZATION_MODES
 
 __all__ = [
     "LOSS_DEFAULTS",
@@ -27,14 +30,13 @@ __all__ = [
     "RATIO_LEVELS",
     "SorlLossOptions",
     "SorlPolicyLossConfig",
+    "config_get",
     "resolve_options",
 ]
 
 RATIO_LEVELS = ("token", "turn", "sequence")
-NORMALIZATION_MODES = ("relative", "absolute", "literal", "none")
-NORM_SCOPES = ("sequence", "micro_batch")
 
-# The paper's variants: which importance ratio and whether clipping-triggered normalization is on.
+# The paper's variants: which importance ratio and whether the clipping-bias correction is on.
 LOSS_DEFAULTS: dict[str, dict[str, str]] = {
     "turn_ppo": {"ratio_level": "turn", "normalization": "none"},
     "s_ppo": {"ratio_level": "token", "normalization": "relative"},
@@ -43,11 +45,29 @@ LOSS_DEFAULTS: dict[str, dict[str, str]] = {
 }
 
 _FIELD = "actor_rollout_ref.actor.policy_loss"
+# Options that existed before and why they are gone (a clear error instead of a silent default).
+_REMOVED = {
+    ("normalization", "literal"): "it jumped from 1 to 1/C when one token crossed the clip and enlarged steps "
+    "when C < 1; `absolute` (s = min(1, kappa / C_tok)) is its continuous, bounded form",
+    ("norm_scope", "micro_batch"): "it depended on how verl split the mini-batch into micro-batches; "
+    "`batch` takes the norms over the whole mini-batch on every rank",
+}
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value is not None and value not in choices:
-        raise ValueError(f"{_FIELD}.{name}={value!r} is not one of {choices}")
+def _validate(ratio_level, normalization, norm_scope, tau, kappa) -> None:
+    """One check of every SORL option (the config class and the loss both call it)."""
+    for name, value, choices in (
+        ("ratio_level", ratio_level, RATIO_LEVELS),
+        ("normalization", normalization, NORMALIZATION_MODES),
+        ("norm_scope", norm_scope, NORM_SCOPES),
+    ):
+        if (name, value) in _REMOVED:
+            raise ValueError(f"{_FIELD}.{name}={value!r} was removed: {_REMOVED[name, value]}")
+        if value is not None and value not in choices:
+            raise ValueError(f"{_FIELD}.{name}={value!r} is not one of {choices}")
+    for name, value in (("tau", tau), ("kappa", kappa)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{_FIELD}.{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass
@@ -58,27 +78,23 @@ class SorlPolicyLossConfig(PolicyLossConfig):
         ratio_level: importance ratio per ``token`` (PPO), per ``turn`` (the paper's turn-level
             ratio: geometric mean of the turn's token ratios) or per ``sequence`` (the same over
             the whole response). ``None``: the loss name's default.
-        normalization: clipping-triggered normalization, ``relative`` | ``absolute`` | ``literal``
-            | ``none`` (see :mod:`sorl_verl.algos.losses`). ``None``: the loss name's default.
-        kappa: threshold of ``absolute`` mode, in the units of the aggregated loss's per-token
-            coefficients (``w_t * A_t * c_t``).
-        norm_scope: where the norms are taken: ``sequence`` (default, our reading; one scale per
-            trajectory, independent of micro-batching and data parallelism) or ``micro_batch``
-            (one scale per loss call; equals the paper's batch-level norm only when a mini-batch
-            is a single micro-batch on a single rank).
+        normalization: the clipping-bias correction, ``relative`` | ``absolute`` | ``none`` (see
+            :mod:`sorl_verl.algos.correction`). ``None``: the loss name's default.
+        norm_scope: ``batch`` (default: one scale for the whole mini-batch, applied to the
+            accumulated gradient before the optimizer step) or ``sequence`` (one scale per
+            trajectory, inside the loss).
+        tau: threshold of ``relative``: ``s = min(1, tau * G_tok / C_tok)``.
+        kappa: threshold of ``absolute``: ``s = min(1, kappa / C_tok)``, in advantage units.
     """
 
     ratio_level: str | None = None
     normalization: str | None = None
-    kappa: float = 1.0
-    norm_scope: str = "sequence"
+    norm_scope: str = "batch"
+    tau: float = DEFAULT_TAU
+    kappa: float = DEFAULT_KAPPA
 
     def __post_init__(self):
-        _check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
-        _check_choice("normalization", self.normalization, NORMALIZATION_MODES)
-        _check_choice("norm_scope", self.norm_scope, NORM_SCOPES)
-        if not self.kappa > 0:
-            raise ValueError(f"{_FIELD}.kappa must be > 0, got {self.kappa}")
+        _validate(self.ratio_level, self.normalization, self.norm_scope, self.tau, self.kappa)
 
 
 @dataclass(frozen=True)
@@ -88,14 +104,15 @@ class SorlLossOptions:
     ratio_level: str
     normalization: str
     norm_scope: str
+    tau: float
     kappa: float
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a dataclass config, a DictConfig or a dict alike."""
+def config_get(config: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a dataclass config, a DictConfig or a dict alike (``None`` -> default)."""
     if config is None:
         return default
     getter = getattr(config, "get", None)
@@ -117,27 +134,25 @@ def resolve_options(loss_name: str, config: Any) -> SorlLossOptions:
     if config is None:
         raise ValueError(f"policy loss {loss_name!r} needs the actor config (got config=None)")
     defaults = LOSS_DEFAULTS[loss_name]
-    policy_loss = _get(config, "policy_loss")
-    ratio_level = _get(policy_loss, "ratio_level", defaults["ratio_level"])
-    normalization = _get(policy_loss, "normalization", defaults["normalization"])
-    norm_scope = _get(policy_loss, "norm_scope", "sequence")
-    kappa = float(_get(policy_loss, "kappa", 1.0))
-    _check_choice("ratio_level", ratio_level, RATIO_LEVELS)
-    _check_choice("normalization", normalization, NORMALIZATION_MODES)
-    _check_choice("norm_scope", norm_scope, NORM_SCOPES)
-    if not kappa > 0:
-        raise ValueError(f"{_FIELD}.kappa must be > 0, got {kappa}")
+    policy_loss = config_get(config, "policy_loss")
+    ratio_level = config_get(policy_loss, "ratio_level", defaults["ratio_level"])
+    normalization = config_get(policy_loss, "normalization", defaults["normalization"])
+    norm_scope = config_get(policy_loss, "norm_scope", "batch")
+    tau = config_get(policy_loss, "tau", DEFAULT_TAU)
+    kappa = config_get(policy_loss, "kappa", DEFAULT_KAPPA)
+    _validate(ratio_level, normalization, norm_scope, tau, kappa)
 
-    clip_ratio = float(_get(config, "clip_ratio", 0.2))
-    clip_ratio_c = float(_get(config, "clip_ratio_c", 3.0))
+    clip_ratio = float(config_get(config, "clip_ratio", 0.2))
+    clip_ratio_c = float(config_get(config, "clip_ratio_c", 3.0))
     if not clip_ratio_c > 1.0:
         raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (dual clip), got {clip_ratio_c}")
     return SorlLossOptions(
         ratio_level=ratio_level,
         normalization=normalization,
         norm_scope=norm_scope,
-        kappa=kappa,
-        clip_ratio_low=float(_get(config, "clip_ratio_low", clip_ratio)),
-        clip_ratio_high=float(_get(config, "clip_ratio_high", clip_ratio)),
+        tau=float(tau),
+        kappa=float(kappa),
+        clip_ratio_low=float(config_get(config, "clip_ratio_low", clip_ratio)),
+        clip_ratio_high=float(config_get(config, "clip_ratio_high", clip_ratio)),
         clip_ratio_c=clip_ratio_c,
     )

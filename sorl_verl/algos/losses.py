@@ -1,7 +1,7 @@
 """SORL policy losses (arXiv 2511.20718; first version "ST-PPO"), registered into verl.
 
 Read top to bottom: importance ratio (token / turn / sequence level) -> PPO clip with verl's
-dual clip -> clipping-triggered normalization -> verl's ``agg_loss`` -> diagnostics.
+dual clip -> clipping-bias correction -> verl's ``agg_loss`` -> diagnostics.
 
 What is the paper's and what is our reading:
 
@@ -9,24 +9,12 @@ What is the paper's and what is our reading:
   log pi_old_t))``, the geometric mean of the turn's token ratios, used in the PPO clip in place
   of the token ratio; it is kept differentiable through the mean, so in the unclipped region the
   gradient of turn k is ``w_k * (sum_{t in k} A_t / |k|) * grad log pi(turn k)`` (Lemma 4.1).
-  The variants Turn-PPO (turn ratio), S-PPO (token ratio + normalization), ST-PPO (turn ratio +
-  normalization; later called SO-PPO) and SO-GRPO (SO-PPO with GRPO advantages).
-* Paper, exact equation not available to us: the update is normalized by the L2 norm of the
-  clipping-bias term ``C = sum_{clipped t} w_t A_t grad log pi_t``, and nothing changes when no
-  token is clipped. Our reading: work in log-prob space, each ``grad log pi_t`` a unit
-  direction, so ``C_norm = ||w_t A_t c_t||_2`` over clipped tokens and ``G_norm`` the same over
-  kept tokens, where ``c_t`` is the weight ``agg_loss`` gives token t (and the rollout-correction
-  weight when present). The loss is multiplied by a detached scale ``s``:
-
-  - ``relative`` (default): ``s = 1 / max(1, C_norm / G_norm)``,
-  - ``absolute``: ``s = 1 / max(1, C_norm / kappa)``,
-  - ``literal``: ``s = 1 / C_norm`` when anything is clipped (may enlarge steps; ablation only),
-  - ``none``: ``s = 1``;
-
-  ``s = 1`` in every mode when nothing is clipped. The norms are taken per sequence by default
-  (``norm_scope=sequence``, our choice: a loss call sees one micro-batch only, and per-trajectory
-  norms keep the loss independent of micro-batching and data parallelism, as verl's own losses
-  are); ``norm_scope=micro_batch`` takes them over the whole loss call.
+  The variants Turn-PPO (turn ratio), S-PPO (token ratio + correction), ST-PPO (turn ratio +
+  correction; later called SO-PPO) and SO-GRPO (SO-PPO with GRPO advantages).
+* The clipping-bias correction (the paper's idea, our equations): :mod:`sorl_verl.algos.correction`.
+  ``norm_scope=batch`` (default) leaves the loss unscaled and hands its sums to the mini-batch's
+  :class:`~sorl_verl.algos.correction.BatchCorrection`, which scales the accumulated gradient
+  before the optimizer step; ``norm_scope=sequence`` multiplies each row's terms by its own scale.
 * Ours: a clipped token is one whose gradient the clip removes: ``A > 0`` and ``w > 1 + eps_high``,
   ``A < 0`` and ``w < 1 - eps_low``, or ``A < 0`` and ``w > clip_ratio_c`` (verl's dual clip). The
   log-ratio is clamped to ``[-20, 20]`` before ``exp`` as verl's ``vanilla`` does. The math runs
@@ -40,7 +28,8 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
-from .config import SorlLossOptions, resolve_options
+from .config import SorlLossOptions, config_get, resolve_options
+from .correction import CorrectionSums, active_correction, correction_scale, hook_installed
 from .turns import TurnSegments, segment_turns
 
 __all__ = [
@@ -54,14 +43,12 @@ __all__ = [
     "compute_policy_loss_turn_ppo",
     "clip_bounds",
     "importance_log_ratio",
-    "normalization_scale",
     "sorl_policy_loss",
 ]
 
 LOG_RATIO_CLAMP = 20.0
 METRIC_PREFIX = "actor/sorl/"
 NUM_TURN_INDEX_METRICS = 8
-_EPS = 1e-12
 # The keys of verl's ``global_batch_info`` that ``agg_loss`` divides by.
 _AGG_COUNT_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
@@ -150,33 +137,6 @@ def aggregation_weights(
     raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode!r} is not supported by agg_loss")
 
 
-def normalization_scale(c_norm: torch.Tensor, g_norm: torch.Tensor, mode: str, kappa: float) -> torch.Tensor:
-    """Clipping-triggered normalization scale ``s`` from the two norms (no gradient).
-
-    Args:
-        c_norm: ``(batch,)`` or scalar, norm of what the clip removed (``C_norm``).
-        g_norm: same shape, norm of what it kept (``G_norm``).
-        mode: ``relative`` | ``absolute`` | ``literal`` | ``none``.
-        kappa: threshold of ``absolute``.
-
-    Returns:
-        ``s`` of the same shape: 1 wherever ``c_norm == 0``, finite always.
-    """
-    ones = torch.ones_like(c_norm)
-    if mode == "none":
-        return ones
-    if mode == "relative":
-        # 1 / max(1, C/G) == G / max(G, C); with G == 0 < C nothing is kept: s = 0.
-        scale = g_norm / torch.maximum(g_norm, c_norm).clamp(min=_EPS)
-    elif mode == "absolute":
-        scale = kappa / c_norm.clamp(min=kappa)
-    elif mode == "literal":
-        scale = 1.0 / c_norm.clamp(min=_EPS)
-    else:
-        raise ValueError(f"unknown normalization mode {mode!r}")
-    return torch.where(c_norm > 0, scale, ones)
-
-
 def sorl_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -221,50 +181,112 @@ def sorl_policy_loss(
     adv = advantages.to(dtype)
     lower, upper = clip_bounds(adv, opts)
     clipped_ratio = torch.clamp(ratio, lower, upper)
+    rollout_w = None if rollout_is_weights is None else rollout_is_weights.to(dtype)
 
-    # 3. Clipping-triggered normalization: which tokens lost their gradient, and how much.
+    # 3. Clipping-bias correction: which tokens lost their gradient, and the row scale if any.
+    clip = _clip_masks(ratio.detach(), adv, lower, upper, mask)
+    row_scale, scale_metrics = _correction(ratio.detach(), adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts)
+
+    # 4. The surrogate, aggregated by verl: -A * clip(w) (* rollout weight) (* row scale).
     with torch.no_grad():
-        ratio_d = ratio.detach()
-        above = (ratio_d > upper) & (adv != 0) & mask
-        below = (ratio_d < lower) & mask
-        clipped = above | below
-        kept = mask & ~clipped
-        counts = {key: global_batch_info[key] for key in _AGG_COUNT_KEYS if key in global_batch_info}
-        row_weights = aggregation_weights(mask, loss_agg_mode, **counts)
-        signed = ratio_d * adv  # w_t * A_t
-        if rollout_is_weights is not None:
-            signed = signed * rollout_is_weights.to(dtype)
-        squared = signed.square_()
-        row_weights_sq = row_weights.to(dtype).square()
-        c_sq = (squared * clipped).sum(dim=-1) * row_weights_sq
-        g_sq = (squared * kept).sum(dim=-1) * row_weights_sq
-        if opts.norm_scope == "micro_batch":
-            c_sq, g_sq = c_sq.sum().expand_as(c_sq), g_sq.sum().expand_as(g_sq)
-        c_norm, g_norm = c_sq.sqrt(), g_sq.sqrt()
-        scale = normalization_scale(c_norm, g_norm, opts.normalization, opts.kappa)
-        # -A_t * s_row (* rollout weight): the detached factor of the surrogate.
-        loss_weight = adv * (-scale)[:, None] if opts.normalization != "none" else -adv
-        if rollout_is_weights is not None:
-            loss_weight = loss_weight * rollout_is_weights.to(dtype)
-
+        loss_weight = -adv if rollout_w is None else -adv * rollout_w
+        if row_scale is not None:
+            loss_weight = loss_weight * row_scale[:, None]
     pg_losses = clipped_ratio * loss_weight
     if mask.any():
         loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **global_batch_info)
     else:  # agg_loss would divide 0 by 0 for an all-masked micro-batch without global counts
         loss = (pg_losses * 0.0).sum()
 
-    metrics = _diagnostics(
-        segments, mask, turn_log_ratio_sum.detach(), above & (adv > 0), below, above & (adv < 0), scale, c_norm, g_norm
-    )
+    metrics = _diagnostics(segments, turn_log_ratio_sum.detach(), clip)
+    metrics.update(scale_metrics)
     return loss, metrics
 
 
 def _global_batch_info(config: Any) -> dict:
-    if config is None:
-        return {}
-    getter = getattr(config, "get", None)
-    info = getter("global_batch_info", None) if callable(getter) else getattr(config, "global_batch_info", None)
-    return dict(info or {})
+    return dict(config_get(config, "global_batch_info") or {})
+
+
+@torch.no_grad()
+def _clip_masks(
+    ratio: torch.Tensor, adv: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``(batch, response_len)`` bool masks: tokens clipped at the upper, lower and dual bound, kept."""
+    above = (ratio > upper) & (adv != 0) & mask
+    clipped_lower = (ratio < lower) & mask
+    clipped = above | clipped_lower
+    return {
+        "upper": above & (adv > 0),
+        "lower": clipped_lower,
+        "dual": above & (adv < 0),
+        "clipped": clipped,
+        "kept": mask & ~clipped,
+    }
+
+
+def _correction(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    rollout_w: torch.Tensor | None,
+    clip: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    loss_agg_mode: str,
+    global_batch_info: dict,
+    opts: SorlLossOptions,
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Sums of ``u_t^2`` (see :mod:`.correction`) per row; the row scale for ``norm_scope=sequence``.
+
+    Returns ``(row_scale or None, metrics)``: ``row_scale`` is ``(batch,)`` for the sequence scope
+    (ones for ``none``), else None (the batch scope scales the gradient after the last
+    micro-batch). The sums go to the open :class:`~.correction.BatchCorrection`, if any, when
+    gradients are enabled (a forward-only call is not part of an update).
+    """
+    in_update = torch.is_grad_enabled()  # checked before no_grad below
+    with torch.no_grad():
+        return _correction_no_grad(ratio, adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts, in_update)
+
+
+def _correction_no_grad(ratio, adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts, in_update):
+    counts = {key: global_batch_info[key] for key in _AGG_COUNT_KEYS if key in global_batch_info}
+    row_weights = aggregation_weights(mask, loss_agg_mode, **counts).to(ratio.dtype)  # (batch,)
+    row_tokens = mask.sum(dim=-1).to(ratio.dtype)
+    batch_tokens = float(global_batch_info.get("batch_num_tokens") or row_tokens.sum().item())
+    omega = row_weights * (batch_tokens / float(counts.get("dp_size", 1)))  # 1 for token-mean
+    u_sq = (ratio * adv).square()
+    if rollout_w is not None:
+        u_sq = u_sq * rollout_w.square()
+    clipped_sq = (u_sq * clip["clipped"]).sum(dim=-1) * omega.square()  # (batch,)
+    kept_sq = (u_sq * clip["kept"]).sum(dim=-1) * omega.square()
+
+    rows = (row_tokens > 0).to(ratio.dtype)
+    row_scale, metrics = None, {}
+    row_scale_min, rows_scaled = 1.0, 0.0
+    if opts.norm_scope == "sequence":
+        row_scale = correction_scale(clipped_sq, kept_sq, row_tokens, opts.normalization, opts.tau, opts.kappa)
+        metrics[METRIC_PREFIX + "norm_scale"] = ((row_scale * rows).sum() / rows.sum().clamp(min=1.0)).item()
+        row_scale_min = torch.where(rows > 0, row_scale, torch.ones_like(row_scale)).min()
+        rows_scaled = ((row_scale < 1) & (rows > 0)).sum()
+
+    corr = active_correction()
+    if in_update and ratio.numel():
+        if corr is None and opts.norm_scope == "batch" and opts.normalization != "none":
+            raise RuntimeError(
+                "norm_scope=batch scales the gradient of the whole mini-batch before the optimizer step: "
+                "it needs verl's BaseEngine.train_batch hook (installed by sorl_verl on verl 0.9.1; "
+                f"installed now: {hook_installed()}) or an open sorl_verl.algos.correction.batch_correction(). "
+                "Outside them use actor_rollout_ref.actor.policy_loss.norm_scope=sequence."
+            )
+        if corr is not None:
+            totals = torch.stack([row_tokens.sum(), clipped_sq.sum(), kept_sq.sum(), rows.sum()])
+            corr.add(
+                CorrectionSums(totals, row_scale_min, rows_scaled),
+                scope=opts.norm_scope,
+                mode=opts.normalization,
+                tau=opts.tau,
+                kappa=opts.kappa,
+                expected_tokens=global_batch_info.get("batch_num_tokens"),
+            )
+    return row_scale, metrics
 
 
 # Per-turn clip counts are packed into one float64 bincount: upper + lower * 2^17 + dual * 2^34
@@ -295,33 +317,24 @@ def _per_turn_clip_counts(
 
 @torch.no_grad()
 def _diagnostics(
-    segments: TurnSegments,
-    mask: torch.Tensor,
-    turn_log_ratio_sum: torch.Tensor,
-    clipped_upper: torch.Tensor,
-    clipped_lower: torch.Tensor,
-    clipped_dual: torch.Tensor,
-    scale: torch.Tensor,
-    c_norm: torch.Tensor,
-    g_norm: torch.Tensor,
+    segments: TurnSegments, turn_log_ratio_sum: torch.Tensor, clip: dict[str, torch.Tensor]
 ) -> dict[str, float]:
-    """Metrics of one loss call; every call returns the same keys (verl's dp reduction needs that).
+    """Clip and ratio metrics of one loss call; every call returns the same keys (verl's dp reduction needs that).
 
     Turn-level fractions are averaged over turns (each turn counts once, whatever its length).
     ``clipfrac_turn_idx_k`` is the clipped-token fraction of the k-th turns of the rows, 0 when
     no row has a k-th turn. ``turn_ratio_*`` is the turn-level ratio whatever level the loss uses.
-    Norms and the scale are averaged over rows with at least one token.
+    The correction's norms and scale per mini-batch come from :mod:`.correction`.
     """
-    counts = _per_turn_clip_counts(segments, clipped_upper, clipped_lower, clipped_dual).float()
+    counts = _per_turn_clip_counts(segments, clip["upper"], clip["lower"], clip["dual"]).float()
     lengths = segments.turn_lengths.float()
     num_tokens = lengths.sum().clamp(min=1.0)
     num_turns = max(segments.num_turns, 1)
-    rows_with_tokens = segments.turns_per_row > 0
-    num_rows = rows_with_tokens.sum().clamp(min=1).float()
-    row_mask = rows_with_tokens.float()
-
-    per_turn_fraction = counts / lengths  # (3, num_turns)
+    num_rows = (segments.turns_per_row > 0).sum().clamp(min=1).float()
+    token_fraction = counts.sum(dim=1) / num_tokens  # upper, lower, dual
+    turn_fraction = (counts / lengths).sum(dim=1) / num_turns
     any_clipped = counts.sum(dim=0)
+
     bins = NUM_TURN_INDEX_METRICS
     in_range = (segments.turn_index < bins).float()
     bin_index = segments.turn_index.clamp(max=bins - 1)
@@ -333,52 +346,26 @@ def _diagnostics(
     turn_ratio = torch.exp((turn_log_ratio_sum.float() / lengths).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     if segments.num_turns == 0:
         turn_ratio = lengths.new_ones(1)
-    scale_min = torch.where(rows_with_tokens, scale, torch.ones_like(scale)).min() if scale.numel() else 1.0
-    values = torch.cat(
-        [
-            counts.sum(dim=1) / num_tokens,  # token clip fractions: upper, lower, dual
-            per_turn_fraction.sum(dim=1)[:2] / num_turns,  # turn clip fractions: upper, lower
-            (any_clipped / lengths).sum().view(1) / num_turns,
-            torch.stack(
-                [
-                    (c_norm * row_mask).sum() / num_rows,
-                    (g_norm * row_mask).sum() / num_rows,
-                    (scale * row_mask).sum() / num_rows,
-                    torch.as_tensor(scale_min, dtype=torch.float32, device=lengths.device),
-                    turn_ratio.mean(),
-                    turn_ratio.min(),
-                    turn_ratio.max(),
-                    segments.turns_per_row.sum().float() / num_rows,
-                    -turn_log_ratio_sum.float().sum() / num_tokens,
-                ]
-            ),
-            clipfrac_by_index,
-        ]
-    ).tolist()
-    names = [
-        "clipfrac_token_upper",
-        "clipfrac_token_lower",
-        "clipfrac_token_dual",
-        "clipfrac_turn_upper",
-        "clipfrac_turn_lower",
-        "clipfrac_turn",
-        "c_norm",
-        "g_norm",
-        "norm_scale",
-        "norm_scale_min",
-        "turn_ratio_mean",
-        "turn_ratio_min",
-        "turn_ratio_max",
-        "turns_per_seq",
-        "ppo_kl",
-    ] + [f"clipfrac_turn_idx_{k}" for k in range(1, bins + 1)]
-    metrics = {METRIC_PREFIX + name: value for name, value in zip(names, values, strict=True)}
+    values = {
+        "clipfrac_token_upper": token_fraction[0],
+        "clipfrac_token_lower": token_fraction[1],
+        "clipfrac_token_dual": token_fraction[2],
+        "clipfrac_turn_upper": turn_fraction[0],
+        "clipfrac_turn_lower": turn_fraction[1],
+        "clipfrac_turn": (any_clipped / lengths).sum() / num_turns,
+        "turn_ratio_mean": turn_ratio.mean(),
+        "turn_ratio_min": turn_ratio.min(),
+        "turn_ratio_max": turn_ratio.max(),
+        "turns_per_seq": segments.turns_per_row.sum().float() / num_rows,
+    }
+    values.update({f"clipfrac_turn_idx_{k + 1}": clipfrac_by_index[k] for k in range(bins)})
+    names = list(values)
+    numbers = torch.stack([values[name] for name in names] + [-turn_log_ratio_sum.float().sum() / num_tokens]).tolist()
+    metrics = {METRIC_PREFIX + name: value for name, value in zip(names, numbers[:-1], strict=True)}
     # verl's usual keys, so dashboards built for vanilla PPO keep working.
-    metrics["actor/pg_clipfrac"] = (
-        metrics[METRIC_PREFIX + "clipfrac_token_upper"] + metrics[METRIC_PREFIX + "clipfrac_token_lower"]
-    )
-    metrics["actor/pg_clipfrac_lower"] = metrics[METRIC_PREFIX + "clipfrac_token_dual"]
-    metrics["actor/ppo_kl"] = metrics.pop(METRIC_PREFIX + "ppo_kl")
+    metrics["actor/pg_clipfrac"] = numbers[0] + numbers[1]
+    metrics["actor/pg_clipfrac_lower"] = numbers[2]
+    metrics["actor/ppo_kl"] = numbers[-1]
     return metrics
 
 

@@ -24,6 +24,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from sorl_verl.algos.config import SorlPolicyLossConfig
+from sorl_verl.algos.correction import batch_correction
 from sorl_verl.algos.losses import compute_policy_loss_st_ppo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +121,7 @@ def test_ppo_loss_wrapper_with_composed_actor_config_and_our_policy_loss_class()
         "actor_rollout_ref.actor.policy_loss.loss_mode=st_ppo",
         "+actor_rollout_ref.actor.policy_loss.normalization=absolute",
         "+actor_rollout_ref.actor.policy_loss.kappa=0.004",
+        "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence",
     )
     assert isinstance(actor.policy_loss, SorlPolicyLossConfig)
     assert actor.policy_loss.normalization == "absolute" and actor.policy_loss.kappa == 0.004
@@ -151,11 +153,17 @@ def test_ppo_loss_wrapper_with_verl_default_policy_loss_config(loss_mode):
     actor = compose_actor_config(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}")
     assert type(actor.policy_loss).__name__ == "PolicyLossConfig"
     model_output, data, (_, new, _, _) = ppo_loss_inputs(seed=1)
-    loss, metrics = ppo_loss(actor, model_output, data)
-    loss.backward()
+    optimizer = torch.optim.SGD([new], lr=0.0)
+    with batch_correction(optimizer) as corr:
+        loss, metrics = ppo_loss(actor, model_output, data)
+        loss.backward()
+        optimizer.step()
     assert torch.isfinite(loss) and new.grad.abs().sum() > 0
     normalized = loss_mode != "turn_ppo"
-    assert (metrics["actor/sorl/norm_scale"].aggregate() < 1.0) == normalized
+    assert (corr.metrics()["actor/sorl/norm_scale"].aggregate() < 1.0) == normalized
+    if normalized:  # outside an engine step the batch scope refuses to run
+        with pytest.raises(RuntimeError, match="norm_scope=batch"):
+            ppo_loss(actor, *ppo_loss_inputs(seed=1)[:2])
 
 
 def test_so_grpo_is_so_ppo_on_verl_grpo_advantages():
@@ -178,18 +186,20 @@ def test_so_grpo_is_so_ppo_on_verl_grpo_advantages():
     model_output, td, (old, new, _, _) = ppo_loss_inputs(rows=rows, advantages=advantages, seed=3)
     td["response_mask"] = mask.long()
     tu.assign_non_tensor(td, batch_num_tokens=int(mask.sum()))
-    loss, metrics = ppo_loss(actor, model_output, td)
-    loss.backward()
+    with batch_correction():
+        loss, metrics = ppo_loss(actor, model_output, td)
+        loss.backward()
     st_ppo_new = new.detach().clone().requires_grad_(True)
-    st_loss, _ = get_policy_loss_fn("st_ppo")(
-        old_log_prob=old,
-        log_prob=st_ppo_new,
-        advantages=advantages,
-        response_mask=mask,
-        loss_agg_mode=actor.loss_agg_mode,
-        config=actor,
-        rollout_is_weights=None,
-    )
-    st_loss.backward()
+    with batch_correction():
+        st_loss, _ = get_policy_loss_fn("st_ppo")(
+            old_log_prob=old,
+            log_prob=st_ppo_new,
+            advantages=advantages,
+            response_mask=mask,
+            loss_agg_mode=actor.loss_agg_mode,
+            config=actor,
+            rollout_is_weights=None,
+        )
+        st_loss.backward()
     assert torch.isfinite(loss) and torch.isclose(loss, st_loss)
     assert torch.allclose(new.grad, st_ppo_new.grad) and new.grad.abs().sum() > 0

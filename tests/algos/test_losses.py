@@ -1,5 +1,8 @@
 """SORL policy losses: equivalences with verl, a slow per-row reference, Lemma 4.1, edge cases,
-micro-batch invariance, and verl's own ``ppo_loss`` wrapper with a real ``ActorConfig``."""
+micro-batch invariance, and verl's own ``ppo_loss`` wrapper with a real ``ActorConfig``.
+
+Every update runs as verl's engine runs it: inside a ``BatchCorrection`` whose optimizer step
+applies the batch-level scale, so the gradients compared are the ones the optimizer would use."""
 
 import math
 
@@ -9,6 +12,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
 
 from sorl_verl.algos.config import LOSS_DEFAULTS, SorlLossOptions, SorlPolicyLossConfig, resolve_options
+from sorl_verl.algos.correction import batch_correction
 from sorl_verl.algos.losses import aggregation_weights, sorl_policy_loss
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -28,11 +32,14 @@ def actor_config(loss_mode="st_ppo", global_batch_info=None, clip_ratio_c=3.0, *
     )
 
 
-def options(ratio_level="turn", normalization="relative", norm_scope="sequence", kappa=1.0, clip_ratio_c=3.0):
+def options(
+    ratio_level="turn", normalization="relative", norm_scope="sequence", kappa=0.1, clip_ratio_c=3.0, tau=0.1
+):
     return SorlLossOptions(
         ratio_level=ratio_level,
         normalization=normalization,
         norm_scope=norm_scope,
+        tau=tau,
         kappa=kappa,
         clip_ratio_low=0.2,
         clip_ratio_high=0.2,
@@ -50,9 +57,23 @@ def random_batch(rows=5, length=12, spread=0.4, seed=0, mask_density=0.7, dtype=
 
 
 def run(loss_fn, old, new, advantages, mask, agg="token-mean", config=None, **kwargs):
-    """Loss and gradient with respect to ``new``."""
+    """Loss, the gradient the optimizer steps with (batch scale applied) and the metrics.
+
+    As verl's engine: the loss inside a ``BatchCorrection`` whose optimizer step pre-hook scales
+    the gradient; the correction's mini-batch metrics are merged into the loss's.
+    """
     log_prob = new.clone().requires_grad_(True)
-    loss, metrics = loss_fn(
+    optimizer = torch.optim.SGD([log_prob], lr=0.0)
+    with batch_correction(optimizer) as corr:
+        loss, metrics = _call(loss_fn, old, log_prob, advantages, mask, agg, config, **kwargs)
+        loss.backward()
+        optimizer.step()
+    metrics.update({key: value.aggregate() for key, value in corr.metrics().items()})
+    return loss.detach(), log_prob.grad, metrics
+
+
+def _call(loss_fn, old, log_prob, advantages, mask, agg, config, **kwargs):
+    return loss_fn(
         old_log_prob=old,
         log_prob=log_prob,
         advantages=advantages,
@@ -62,8 +83,6 @@ def run(loss_fn, old, new, advantages, mask, agg="token-mean", config=None, **kw
         rollout_is_weights=None,
         **kwargs,
     )
-    loss.backward()
-    return loss.detach(), log_prob.grad, metrics
 
 
 def sorl(opts):
@@ -89,18 +108,34 @@ def reference_turns(mask_row):
     return turns
 
 
+def reference_scale(clipped_sq, kept_sq, tokens, opts):
+    """The correction's rule in plain Python (sorl_verl/algos/correction.py's docstring)."""
+    if opts.normalization == "none" or clipped_sq == 0:
+        return 1.0
+    c_tok = math.sqrt(clipped_sq / max(tokens, 1))
+    if opts.normalization == "relative":
+        return min(1.0, opts.tau * math.sqrt(kept_sq / max(tokens, 1)) / c_tok)
+    return min(1.0, opts.kappa / c_tok)
+
+
 def reference_loss(old, new, advantages, mask, agg, opts, global_batch_info=None):
-    """Per row, per turn, per token in Python, with verl's own agg_loss giving the token weights."""
+    """Per row, per turn, per token in Python, with verl's own agg_loss giving the token weights.
+
+    Returns ``(loss, gradient factor, row scales)``: the loss the SORL loss returns (row scales
+    applied for the sequence scope) and the factor the batch scope applies to its gradient.
+    """
     global_batch_info = global_batch_info or {}
     rows, length = mask.shape
     # c_t = d agg_loss / d loss_mat_t: verl's own aggregation, read off by autograd.
     probe = torch.zeros(rows, length, dtype=torch.float64, requires_grad=True)
     agg_loss(loss_mat=probe, loss_mask=mask, loss_agg_mode=agg, **global_batch_info).backward()
     token_weight = probe.grad
+    # omega_t: the token's weight relative to token-mean (1 for token-mean).
+    batch_tokens = global_batch_info.get("batch_num_tokens") or int(mask.sum())
+    omega = token_weight * batch_tokens / global_batch_info.get("dp_size", 1)
 
     lo, hi, c = 1 - opts.clip_ratio_low, 1 + opts.clip_ratio_high, opts.clip_ratio_c
-    total = new.new_zeros(())
-    row_scales, row_losses, row_norms = [], [], []
+    row_losses, row_sums = [], []
     for row in range(rows):
         turns = reference_turns(mask[row].tolist())
         tokens = [t for turn in turns for t in turn]
@@ -123,37 +158,27 @@ def reference_loss(old, new, advantages, mask, agg, opts, global_batch_info=None
                 row_loss = row_loss + token_weight[row, t] * surrogate
                 wv = float(w.detach())
                 is_clipped = (a > 0 and wv > hi) or (a < 0 and wv < lo) or (a < 0 and wv > c)
-                term = (wv * float(a) * float(token_weight[row, t])) ** 2
+                term = (wv * float(a) * float(omega[row, t])) ** 2
                 if is_clipped:
                     clipped_sq += term
                 else:
                     kept_sq += term
         row_losses.append(row_loss)
-        row_norms.append((clipped_sq, kept_sq))
-    if opts.norm_scope == "micro_batch":
-        c_sq = sum(n[0] for n in row_norms)
-        g_sq = sum(n[1] for n in row_norms)
-        row_norms = [(c_sq, g_sq)] * rows
-    for (c_sq, g_sq), row_loss in zip(row_norms, row_losses, strict=True):
-        c_norm, g_norm = math.sqrt(c_sq), math.sqrt(g_sq)
-        if opts.normalization == "none" or c_norm == 0:
-            scale = 1.0
-        elif opts.normalization == "relative":
-            scale = 1.0 / max(1.0, c_norm / g_norm) if g_norm > 0 else 0.0
-        elif opts.normalization == "absolute":
-            scale = 1.0 / max(1.0, c_norm / opts.kappa)
-        else:
-            scale = 1.0 / c_norm
-        row_scales.append(scale)
-        total = total + scale * row_loss
-    return total, row_scales
+        row_sums.append((clipped_sq, kept_sq, len(tokens)))
+    if opts.norm_scope == "batch":
+        totals = [sum(column) for column in zip(*row_sums, strict=True)]
+        return sum(row_losses), reference_scale(*totals, opts), []
+    row_scales = [reference_scale(*sums, opts) for sums in row_sums]
+    total = sum(scale * row_loss for scale, row_loss in zip(row_scales, row_losses, strict=True))
+    return total, 1.0, row_scales
 
 
 def reference_run(old, new, advantages, mask, agg, opts, global_batch_info=None):
+    """``(loss, gradient the optimizer uses, row scales or [batch scale])``."""
     log_prob = new.clone().requires_grad_(True)
-    loss, scales = reference_loss(old, log_prob, advantages, mask, agg, opts, global_batch_info)
+    loss, factor, scales = reference_loss(old, log_prob, advantages, mask, agg, opts, global_batch_info)
     loss.backward()
-    return loss.detach(), log_prob.grad, scales
+    return loss.detach(), log_prob.grad * factor, scales or [factor]
 
 
 # ----------------------------------------------------------------------------- tests
@@ -171,38 +196,35 @@ def test_aggregation_weights_reproduce_verl_agg_loss(agg):
 
 
 @pytest.mark.parametrize("ratio_level", ["token", "turn", "sequence"])
-@pytest.mark.parametrize("normalization", ["relative", "absolute", "literal", "none"])
+@pytest.mark.parametrize("normalization", ["relative", "absolute", "none"])
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_matches_slow_reference_value_and_gradient(ratio_level, normalization, agg):
-    opts = options(ratio_level, normalization, kappa=0.003)
+def test_matches_slow_reference_value_and_gradient(ratio_level, normalization, scope, agg):
+    opts = options(ratio_level, normalization, scope, kappa=0.3, tau=0.5)
     for seed in range(3):
         old, new, advantages, mask = random_batch(rows=4, length=11, spread=0.5, seed=seed)
         loss, grad, metrics = run(sorl(opts), old, new, advantages, mask, agg)
         ref_loss, ref_grad, scales = reference_run(old, new, advantages, mask, agg, opts)
         assert torch.isclose(loss.double(), ref_loss, rtol=1e-5, atol=1e-7)
         assert torch.allclose(grad, ref_grad, rtol=1e-5, atol=1e-7)
-        rows_with_tokens = [s for s, row in zip(scales, mask, strict=True) if row.any()]
-        assert metrics["actor/sorl/norm_scale"] == pytest.approx(sum(rows_with_tokens) / len(rows_with_tokens))
+        if scope == "sequence":
+            scales = [s for s, row in zip(scales, mask, strict=True) if row.any()]
+        if normalization != "none" or scope == "batch":
+            assert metrics["actor/sorl/norm_scale"] == pytest.approx(sum(scales) / len(scales))
+            assert metrics["actor/sorl/norm_scale_min"] == pytest.approx(min(scales))
 
 
-def test_reference_comparison_sees_clipping_and_scaling():
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_reference_comparison_sees_clipping_and_scaling(scope):
     """The reference tests above are only meaningful if clipping and s < 1 do happen there."""
-    opts = options("turn", "relative")
-    old, new, advantages, mask = random_batch(rows=4, length=11, spread=0.5, seed=1)
-    _, _, scales = reference_run(old, new, advantages, mask, "token-mean", opts)
-    _, _, metrics = run(sorl(opts), old, new, advantages, mask)
-    assert metrics["actor/sorl/clipfrac_turn"] > 0
-    assert min(scales) < 1.0
-
-
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batch_scope_matches_reference(agg):
-    opts = options("turn", "relative", norm_scope="micro_batch")
-    old, new, advantages, mask = random_batch(rows=4, length=11, spread=0.5, seed=7)
-    loss, grad, _ = run(sorl(opts), old, new, advantages, mask, agg)
-    ref_loss, ref_grad, _ = reference_run(old, new, advantages, mask, agg, opts)
-    assert torch.isclose(loss.double(), ref_loss, rtol=1e-5)
-    assert torch.allclose(grad, ref_grad, rtol=1e-5, atol=1e-8)
+    for normalization in ("relative", "absolute"):
+        opts = options("turn", normalization, scope, kappa=0.3, tau=0.5)
+        for seed in range(3):
+            old, new, advantages, mask = random_batch(rows=4, length=11, spread=0.5, seed=seed)
+            _, _, scales = reference_run(old, new, advantages, mask, "token-mean", opts)
+            _, _, metrics = run(sorl(opts), old, new, advantages, mask)
+            assert metrics["actor/sorl/clipfrac_turn"] > 0
+            assert min(scales) < 1.0, (normalization, seed)
 
 
 def test_lemma_4_1_gradient_form_in_unclipped_region():
@@ -288,20 +310,24 @@ def test_normalization_none_equals_turn_ppo():
         ours = run(get_policy_loss_fn(loss_mode), old, new, advantages, mask, config=config)
         assert torch.equal(ours[0], turn_ppo[0])
         assert torch.equal(ours[1], turn_ppo[1])
-    # ... and the defaults do normalize differently on the same clipped batch.
+    # ... and the defaults (batch scope) scale the same gradient down on the same clipped batch.
     st_ppo = run(get_policy_loss_fn("st_ppo"), old, new, advantages, mask, config=actor_config("st_ppo"))
-    assert st_ppo[2]["actor/sorl/norm_scale"] < 1.0
-    assert not torch.allclose(st_ppo[1], turn_ppo[1])
+    scale = st_ppo[2]["actor/sorl/norm_scale"]
+    assert scale < 1.0 and st_ppo[2]["actor/sorl/scaled_step_frac"] == 1.0
+    assert torch.equal(st_ppo[0], turn_ppo[0])  # the loss value is before the batch scale
+    assert torch.allclose(st_ppo[1], scale * turn_ppo[1], rtol=1e-12)
 
 
-@pytest.mark.parametrize("normalization", ["relative", "absolute", "literal"])
+@pytest.mark.parametrize("normalization", ["relative", "absolute"])
 @pytest.mark.parametrize("ratio_level", ["token", "turn", "sequence"])
-def test_nothing_clipped_means_no_change(normalization, ratio_level):
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_nothing_clipped_means_no_change(normalization, ratio_level, scope):
     old, new, advantages, mask = random_batch(spread=0.01, seed=8)
-    plain = run(sorl(options(ratio_level, "none")), old, new, advantages, mask)
-    normalized = run(sorl(options(ratio_level, normalization, kappa=1e-6)), old, new, advantages, mask)
+    plain = run(sorl(options(ratio_level, "none", scope)), old, new, advantages, mask)
+    normalized = run(sorl(options(ratio_level, normalization, scope, kappa=1e-6, tau=1e-6)), old, new, advantages, mask)
     assert normalized[2]["actor/sorl/clipfrac_turn"] == 0.0
-    assert normalized[2]["actor/sorl/norm_scale"] == 1.0
+    assert normalized[2]["actor/sorl/norm_scale"] == 1.0 == normalized[2]["actor/sorl/norm_scale_min"]
+    assert normalized[2]["actor/sorl/c_tok"] == 0.0 and normalized[2]["actor/sorl/scaled_step_frac"] == 0.0
     assert torch.equal(normalized[0], plain[0])
     assert torch.equal(normalized[1], plain[1])
 
@@ -312,21 +338,16 @@ def test_scale_modes_on_a_hand_made_row():
     old = torch.zeros(1, 5, dtype=torch.float64)
     new = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
     advantages = torch.tensor([[1.0, 1.0, 0.0, 0.1, 0.1]], dtype=torch.float64)
-    c = 0.25  # token-mean over 4 tokens
-    c_norm = math.sqrt(2) * math.exp(0.5) * c
-    g_norm = math.sqrt(2) * 0.1 * c
-    expected = {
-        "relative": g_norm / c_norm,
-        "absolute": 0.01 / c_norm,
-        "literal": 1.0 / c_norm,
-        "none": 1.0,
-    }
-    for mode, scale in expected.items():
-        _, _, metrics = run(sorl(options("turn", mode, kappa=0.01)), old, new, advantages, mask)
-        assert metrics["actor/sorl/c_norm"] == pytest.approx(c_norm)
-        assert metrics["actor/sorl/g_norm"] == pytest.approx(g_norm)
-        assert metrics["actor/sorl/norm_scale"] == pytest.approx(scale), mode
-    assert expected["literal"] > 1  # the literal reading may enlarge the step
+    c_tok = math.sqrt(2 * math.exp(1.0) / 4)  # per-token RMS over the row's 4 tokens
+    g_tok = math.sqrt(2 * 0.1**2 / 4)
+    expected = {"relative": 0.1 * g_tok / c_tok, "absolute": 0.5 / c_tok, "none": 1.0}
+    for scope in ("batch", "sequence"):
+        for mode, scale in expected.items():
+            _, _, metrics = run(sorl(options("turn", mode, scope, kappa=0.5, tau=0.1)), old, new, advantages, mask)
+            assert metrics["actor/sorl/c_tok"] == pytest.approx(c_tok)
+            assert metrics["actor/sorl/g_tok"] == pytest.approx(g_tok)
+            assert metrics["actor/sorl/norm_scale"] == pytest.approx(scale), (scope, mode)
+    assert all(0 < scale <= 1 for scale in expected.values())  # never enlarges a step
 
 
 def test_old_equals_new_gives_ratio_one_and_no_clipping():
@@ -364,7 +385,7 @@ def test_extreme_log_ratios_stay_finite():
     signs = torch.where(torch.rand(6, 16) < 0.5, -1.0, 1.0).double()
     new = old + 50.0 * signs
     for loss_mode in SORL_LOSSES:
-        for normalization in ("relative", "absolute", "literal", "none"):
+        for normalization in ("relative", "absolute", "none"):
             config = actor_config(loss_mode, normalization=normalization)
             loss, grad, metrics = run(get_policy_loss_fn(loss_mode), old, new, advantages, mask, config=config)
             assert torch.isfinite(loss) and torch.isfinite(grad).all(), (loss_mode, normalization)
@@ -394,21 +415,29 @@ def test_micro_batch_split_invariance_with_global_batch_info(agg, loss_mode):
     old, new, advantages, mask = random_batch(rows=8, length=12, spread=0.6, seed=14)
     mask[5] = False
     info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": 8, "loss_scale_factor": None}
-    config = actor_config(loss_mode, global_batch_info=info)
-    full_loss, full_grad, metrics = run(get_policy_loss_fn(loss_mode), old, new, advantages, mask, agg, config=config)
-    assert metrics["actor/pg_clipfrac"] > 0
-    for split in ([3, 5], [1, 2, 2, 3], [8]):
-        total, grads = 0.0, []
-        for part_old, part_new, part_adv, part_mask in zip(
-            old.split(split), new.split(split), advantages.split(split), mask.split(split), strict=True
-        ):
-            loss, grad, _ = run(
-                get_policy_loss_fn(loss_mode), part_old, part_new, part_adv, part_mask, agg, config=config
-            )
-            total += loss
-            grads.append(grad)
-        assert torch.isclose(torch.as_tensor(total).double(), full_loss.double(), rtol=1e-6), split
-        assert torch.allclose(torch.cat(grads), full_grad, rtol=1e-6, atol=1e-12), split
+    for scope in ("batch", "sequence"):
+        config = actor_config(loss_mode, global_batch_info=info, norm_scope=scope)
+        loss_fn = get_policy_loss_fn(loss_mode)
+        full_loss, full_grad, metrics = run(loss_fn, old, new, advantages, mask, agg, config=config)
+        assert metrics["actor/pg_clipfrac"] > 0
+        if loss_mode != "turn_ppo" and scope == "batch":
+            assert metrics["actor/sorl/norm_scale"] < 1.0  # the batch scale is exercised
+        for split in ([3, 5], [1, 2, 2, 3], [8]):
+            log_prob = new.clone().requires_grad_(True)
+            optimizer = torch.optim.SGD([log_prob], lr=0.0)
+            total = 0.0
+            with batch_correction(optimizer) as corr:
+                for part_old, part_new, part_adv, part_mask in zip(
+                    old.split(split), log_prob.split(split), advantages.split(split), mask.split(split), strict=True
+                ):
+                    loss, _ = _call(loss_fn, part_old, part_new, part_adv, part_mask, agg, config)
+                    loss.backward()
+                    total += loss.detach()
+                optimizer.step()
+            assert torch.isclose(torch.as_tensor(total).double(), full_loss.double(), rtol=1e-6), split
+            assert torch.allclose(log_prob.grad, full_grad, rtol=1e-6, atol=1e-12), split
+            for key in ("c_tok", "g_tok", "norm_scale_min", "scaled_row_frac"):
+                assert corr.metrics()[f"actor/sorl/{key}"].aggregate() == pytest.approx(metrics[f"actor/sorl/{key}"])
 
 
 def test_metrics_have_the_documented_names_and_ranges():
@@ -421,10 +450,12 @@ def test_metrics_have_the_documented_names_and_ranges():
         "clipfrac_turn_upper",
         "clipfrac_turn_lower",
         "clipfrac_turn",
-        "c_norm",
-        "g_norm",
+        "c_tok",
+        "g_tok",
         "norm_scale",
         "norm_scale_min",
+        "scaled_step_frac",
+        "scaled_row_frac",
         "turn_ratio_mean",
         "turn_ratio_min",
         "turn_ratio_max",
@@ -469,8 +500,16 @@ def test_options_resolution_defaults_and_errors():
         "so_ppo", ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=custom)
     )
     assert (opts.ratio_level, opts.normalization, opts.kappa) == ("sequence", "absolute", 0.5)
+    assert (opts.norm_scope, opts.tau) == ("batch", 0.1)  # the defaults
     with pytest.raises(ValueError, match="policy_loss.normalization"):
         SorlPolicyLossConfig(loss_mode="st_ppo", normalization="bogus")
+    with pytest.raises(ValueError, match="normalization='literal' was removed: .*absolute"):
+        SorlPolicyLossConfig(loss_mode="st_ppo", normalization="literal")
+    with pytest.raises(ValueError, match="norm_scope='micro_batch' was removed"):
+        resolve_options("st_ppo", actor_config(norm_scope="micro_batch"))
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match="tau must be a finite number > 0"):
+            SorlPolicyLossConfig(loss_mode="st_ppo", tau=bad)
     with pytest.raises(ValueError, match="policy_loss.ratio_level"):
         resolve_options("st_ppo", actor_config(ratio_level="word"))
     with pytest.raises(ValueError, match="kappa"):
@@ -502,9 +541,14 @@ def test_rollout_correction_weights_apply_as_in_vanilla():
     assert torch.isclose(ours[0].double(), vanilla[0], rtol=1e-9)
     assert torch.allclose(ours[1], vanilla[1], rtol=1e-9, atol=1e-12)
     # The weights also enter the norms: doubling every weight doubles both norms.
-    base = with_weights("st_ppo", actor_config())[2]
-    assert base["actor/sorl/c_norm"] > 0 and base["actor/sorl/g_norm"] > 0
+    def norms():
+        with batch_correction() as corr:
+            with_weights("st_ppo", actor_config())
+        return corr.finalize()
+
+    base = norms()
+    assert base["c_tok"] > 0 and base["g_tok"] > 0
     weights = weights * 2
-    doubled = with_weights("st_ppo", actor_config())[2]
-    assert doubled["actor/sorl/c_norm"] == pytest.approx(2 * base["actor/sorl/c_norm"])
-    assert doubled["actor/sorl/g_norm"] == pytest.approx(2 * base["actor/sorl/g_norm"])
+    doubled = norms()
+    assert doubled["c_tok"] == pytest.approx(2 * base["c_tok"])
+    assert doubled["g_tok"] == pytest.approx(2 * base["g_tok"])
