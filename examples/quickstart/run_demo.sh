@@ -5,12 +5,18 @@
 #
 # ALGO: so_grpo (default) ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae (examples/common.sh).
 # 1. embedded task: made-up facts added to the shipped Wikipedia corpus, BM25 index, parquet rows
-# 2. tiny Qwen2 + local BPE tokenizer, warm-started by SFT on Search-R1 demonstrations
+# 2. tiny Qwen2 + local BPE tokenizer, warm-started by SFT on Search-R1 demonstrations, a share
+#    DEMO_MIX of which answer at once with a wrong guess instead of searching (docs/quickstart.md)
 # 3. python -m verl.trainer.main_ppo on CPU: validation, STEPS training steps, validation
-# 4. run folder: config, metrics-*.jsonl, checkpoints/, plots/*.png, summary table
+# 4. run folder: config, metrics-*.jsonl, checkpoints/, plots/curves.png, summary table
 #
-# Resume: give the same --out again; steps 1-2 are skipped and verl resumes from the latest
-# checkpoint in RUN_DIR/checkpoints (trainer.resume_mode=auto). Raise STEPS to train further.
+# Resume: give the same --out again; steps 1-2 are skipped (prepare refuses if its settings
+# changed) and verl resumes from the latest checkpoint in RUN_DIR/checkpoints
+# (trainer.resume_mode=auto). Raise STEPS to train further.
+# Exit: on any exit the shell sees (end, error, Ctrl-C, SIGTERM, SIGHUP) the trainer and the
+# launch's Ray processes are stopped; after a SIGKILL run
+#   python -m sorl_verl.quickstart cleanup RUN_DIR
+# (a resume does it by itself first).
 # Settings are environment variables (below); common.sh documents the shared ones.
 set -euo pipefail
 
@@ -74,6 +80,10 @@ MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-128}"
 # data loaders, and the rollout's sampling generator (rollout.seed).
 SEED="${SEED:-1}"
 PREPARE_SEED="${PREPARE_SEED:-$SEED}"
+# The demonstration mix: the share of SFT demonstrations that answer at once with a wrong guess
+# (the entity's name) instead of searching. 0 = every demonstration searches (the warm start
+# then already searches, and RL has little to teach in a few steps).
+DEMO_MIX="${DEMO_MIX:-0.5}"
 # the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
 RETRIEVER_URL="$RUN_DIR/task/index"
 PROJECT="${PROJECT:-sorl-quickstart}"
@@ -81,18 +91,40 @@ PROJECT="${PROJECT:-sorl-quickstart}"
 # shellcheck source=../common.sh
 source "$REPO/examples/common.sh"
 
+# A launch killed with SIGKILL ran no exit trap: stop what it left and count its time first.
+if [[ -f "$RUN_DIR/launch.json" ]]; then
+  "$PYTHON" -m sorl_verl.quickstart cleanup "$RUN_DIR" >&2
+fi
+# Ray: a private temp dir (other Ray clusters may run on this machine); Ray picks free ports.
+# Every process of this launch inherits RAY_TMPDIR: that is how the cleanup finds them.
+unset RAY_ADDRESS
+RAY_TMPDIR="$(mktemp -d /tmp/ray_qs.XXXXXX)"
+export RAY_TMPDIR
+read -r -a LAUNCHER_STAT </proc/$$/stat # field 22: start time, so a recycled pid is not taken for this launcher
+printf '{"started_at": %s, "launcher_pid": %s, "launcher_start": %s, "ray_tmpdir": "%s"}\n' \
+  "$STARTED_AT" "$$" "${LAUNCHER_STAT[21]}" "$RAY_TMPDIR" >"$RUN_DIR/launch.json.tmp"
+mv "$RUN_DIR/launch.json.tmp" "$RUN_DIR/launch.json"
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM HUP
+  "$PYTHON" -m sorl_verl.quickstart cleanup "$RUN_DIR" --from-launcher >/dev/null || rm -rf "$RAY_TMPDIR"
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
 "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
-  ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
+  --guess-fraction "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
 
 echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
-# Ray: a private temp dir (other Ray clusters may run on this machine); Ray picks free ports.
-unset RAY_ADDRESS
-export RAY_TMPDIR="$(mktemp -d /tmp/ray_qs.XXXXXX)"
-trap 'rm -rf "$RAY_TMPDIR"' EXIT
+# In the background, then `wait`: a trapped signal interrupts `wait` at once, while a
+# foreground pipeline would delay the trap until the trainer ends by itself.
 set +e
 sorl_launch \
   "data.train_files=$RUN_DIR/task/train.parquet" \
@@ -113,8 +145,9 @@ sorl_launch \
   "critic.data_loader_seed=$SEED" \
   "critic.fsdp.seed=$SEED" \
   "trainer.log_val_generations=0" \
-  -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT"
-TRAIN_RC=${PIPESTATUS[0]}
+  -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT" &
+wait $!
+TRAIN_RC=$? # pipefail: the trainer's status unless it succeeded and the filter failed
 set -e
 
 echo "== [4/4] report" >&2

@@ -3,6 +3,7 @@
     python -m sorl_verl.quickstart prepare RUN_DIR [--topk 2 --max-obs-length 96 ...]
     python -m sorl_verl.quickstart report RUN_DIR [--algo so_grpo --started-at EPOCH_SECONDS]
     ... | python -m sorl_verl.quickstart progress RUN_DIR/train.log   (terminal filter of the trainer's output)
+    python -m sorl_verl.quickstart cleanup RUN_DIR   (after a launcher was killed with SIGKILL)
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def _report(args: argparse.Namespace) -> None:
 
     text = report_run(args.run_dir, algo=args.algo, started_at=args.started_at)
     print(text)
+
+
+def _cleanup(args: argparse.Namespace) -> None:
+    from sorl_verl.quickstart.cleanup import cleanup
+
+    print(cleanup(args.run_dir, from_launcher=args.from_launcher, grace_s=args.grace))
 
 
 # Python's exception lines, also behind Ray's "(Actor pid=...) " prefix.
@@ -103,6 +110,15 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("log", type=Path)
     g.add_argument("--started-at", type=float, default=None)
     g.set_defaults(func=_progress)
+
+    c = sub.add_parser(
+        "cleanup",
+        help="stop the trainer and Ray processes a killed launch left behind, remove its Ray temp folder, record its time",
+    )
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("--from-launcher", action="store_true", help=argparse.SUPPRESS)  # run_demo.sh's exit trap
+    c.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    c.set_defaults(func=_cleanup)
 
     args = parser.parse_args(argv)
     try:
