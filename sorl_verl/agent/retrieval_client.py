@@ -9,9 +9,13 @@ from either backend:
   Wikipedia summaries): no server to start;
 - over HTTP: a server speaking Search-R1's API (``POST {url}/retrieve`` with
   ``{"queries", "topk", "return_scores": true}`` -> ``{"result": [[hit, ...], ...]}``), e.g.
-  ``sorl-retriever``. Timeouts, retries with exponential backoff (and jitter) on
-  connection errors, 429 and 5xx, and at most ``max_concurrency`` requests in flight per
-  event loop.
+  ``sorl-retriever``. One retry loop (the blocking ``search`` runs ``asearch`` on a background
+  event loop): retries with exponential backoff (and jitter) on connection errors, 429 and 5xx,
+  a total deadline per call (:class:`HttpOptions`), and at most ``max_concurrency`` requests in
+  flight per event loop.
+
+Queries longer than :data:`MAX_QUERY_CHARS` are cut to it before they are sent (both backends):
+a query is whatever the policy wrote between tags, and a server refuses over-long ones.
 
 :func:`format_passages` renders one query's hits the way Search-R1 shows them to the model.
 
@@ -28,10 +32,14 @@ import random
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 EMBEDDED = "embedded"
+# Longest query sent, in characters (ours). Search-R1 sends queries as written; a policy can write
+# kilobytes of garbage between <search> tags, which the server refuses (its cap, default 8192, is
+# larger) and which would cost a BM25 search time proportional to its length.
+MAX_QUERY_CHARS = 4096
 
 
 class RetrievalError(RuntimeError):
@@ -59,7 +67,7 @@ def _validate_queries(queries: Any) -> list[str]:
     for position, query in enumerate(queries):
         if not isinstance(query, str):
             raise TypeError(f"queries[{position}] must be a string, got {type(query).__name__}")
-    return list(queries)
+    return [query[:MAX_QUERY_CHARS] for query in queries]
 
 
 def _validate_reply(reply: Any, num_queries: int, source: str) -> list[list[dict]]:
@@ -83,13 +91,50 @@ def _validate_reply(reply: Any, num_queries: int, source: str) -> list[list[dict
 
 @dataclass(frozen=True)
 class HttpOptions:
-    """HTTP client settings (ours; Search-R1 posts once with ``requests`` and no timeout)."""
+    """HTTP client settings (ours; Search-R1 posts once with ``requests`` and no timeout).
+
+    ``deadline_s`` bounds one ``search`` call in total: waiting for a concurrency slot, every
+    attempt (a server trickling its reply a byte at a time included), and the backoff sleeps.
+    ``timeout_s`` bounds each network operation of one attempt (connect, each read, each write).
+    Configured as one nested mapping, ``http: {timeout_s: 30, deadline_s: 60, ...}``, in both the
+    ``search_r1`` agent-loop config and the ``SearchTool`` config (:meth:`from_config`).
+    """
 
     timeout_s: float = 30.0
+    deadline_s: float = 60.0
     max_retries: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
     max_concurrency: int = 64
+
+    def __post_init__(self):
+        for name in ("timeout_s", "deadline_s", "backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"http.{name} must be a finite number >= 0, got {value!r}")
+        for name, minimum in (("max_retries", 0), ("max_concurrency", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"http.{name} must be an integer >= {minimum}, got {value!r}")
+        if self.timeout_s == 0 or self.deadline_s == 0:
+            raise ValueError("http.timeout_s and http.deadline_s must be positive")
+
+    @classmethod
+    def from_config(cls, mapping: Any, where: str = "http") -> HttpOptions:
+        """Options from a config mapping (a dict or an OmegaConf node); unknown keys are an error."""
+        if mapping is None:
+            return cls()
+        if not hasattr(mapping, "keys"):
+            raise ValueError(f"{where} must be a mapping of HttpOptions fields, got {type(mapping).__name__}")
+        values = {str(key): mapping[key] for key in mapping.keys()}
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown option(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**{name: _coerce(value, known[name]) for name, value in values.items()})
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
     def delay(self, attempt: int) -> float:
         """Exponential backoff with +-25% jitter, so retrying clients do not hit the server in step."""
@@ -97,8 +142,38 @@ class HttpOptions:
         return base * random.uniform(0.75, 1.25)
 
 
+def _coerce(value: Any, annotation: str) -> Any:
+    """YAML/CLI values to the field's type (``"30"`` -> 30.0); anything else is left for validation."""
+    if isinstance(value, bool):
+        return value
+    try:
+        if annotation == "float" and isinstance(value, (int, float, str)):
+            return float(value)
+        if annotation == "int" and isinstance(value, (int, str)):
+            return int(value)
+    except ValueError:
+        pass
+    return value
+
+
 def _retryable_status(status: int) -> bool:
     return status == 429 or status >= 500
+
+
+class _BackgroundLoop:
+    """One event loop in a daemon thread, so the blocking ``search`` runs the same retry loop as ``asearch``."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def run(cls, coroutine):
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="retrieval-client", daemon=True).start()
+                cls._loop = loop
+        return asyncio.run_coroutine_threadsafe(coroutine, cls._loop).result()
 
 
 class _HttpBackend:
@@ -108,18 +183,16 @@ class _HttpBackend:
         self.options = options
         # httpx's async pool and asyncio.Semaphore belong to one event loop: keep one per loop.
         self._per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._sync_client = None
-        self._sync_lock = threading.Lock()
 
     def _payload(self, queries: list[str], topk: int) -> dict:
         return {"queries": queries, "topk": topk, "return_scores": True}
 
-    def _fail(self, attempts: int, last: str) -> RetrievalError:
-        return RetrievalError(f"retriever {self.url}: failed after {attempts} attempt(s): {last}")
-
-    def _check(self, response, num_queries: int) -> list[list[dict]]:
+    def _check(self, response, num_queries: int, attempts: int, elapsed: float) -> list[list[dict]]:
         if response.status_code >= 400:
-            raise RetrievalError(f"retriever {self.url}: HTTP {response.status_code}: {response.text[:500]}")
+            raise RetrievalError(
+                f"retriever {self.url}: HTTP {response.status_code} (attempt {attempts}, {elapsed:.1f} s): "
+                f"{response.text[:500]}"
+            )
         try:
             reply = response.json()
         except ValueError as error:
@@ -127,24 +200,7 @@ class _HttpBackend:
         return _validate_reply(reply, num_queries, f"retriever {self.url}")
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        import httpx
-
-        with self._sync_lock:
-            if self._sync_client is None:
-                self._sync_client = httpx.Client(timeout=self.options.timeout_s)
-        last = ""
-        for attempt in range(self.options.max_retries + 1):
-            try:
-                response = self._sync_client.post(self.url, json=self._payload(queries, topk))
-            except httpx.TransportError as error:
-                last = f"{type(error).__name__}: {error}"
-            else:
-                if not _retryable_status(response.status_code):
-                    return self._check(response, len(queries))
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
-            if attempt < self.options.max_retries:
-                time.sleep(self.options.delay(attempt))
-        raise self._fail(self.options.max_retries + 1, last)
+        return _BackgroundLoop.run(self.asearch(queries, topk))
 
     def _loop_state(self):
         import httpx
@@ -157,23 +213,36 @@ class _HttpBackend:
         return state
 
     async def asearch(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """The one retry loop: retries transport errors, 429 and 5xx with backoff, all within ``deadline_s``."""
         import httpx
 
         client, semaphore = self._loop_state()
-        last = ""
-        for attempt in range(self.options.max_retries + 1):
-            try:
-                async with semaphore:
-                    response = await client.post(self.url, json=self._payload(queries, topk))
-            except httpx.TransportError as error:
-                last = f"{type(error).__name__}: {error}"
-            else:
-                if not _retryable_status(response.status_code):
-                    return self._check(response, len(queries))
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
-            if attempt < self.options.max_retries:
-                await asyncio.sleep(self.options.delay(attempt))
-        raise self._fail(self.options.max_retries + 1, last)
+        options = self.options
+        start = time.monotonic()
+        attempts, last = 0, "no attempt finished"
+        try:
+            async with asyncio.timeout(options.deadline_s):
+                for attempt in range(options.max_retries + 1):
+                    attempts += 1
+                    try:
+                        async with semaphore:
+                            response = await client.post(self.url, json=self._payload(queries, topk))
+                    except httpx.TransportError as error:
+                        last = f"{type(error).__name__}: {error}"
+                    else:
+                        if not _retryable_status(response.status_code):
+                            return self._check(response, len(queries), attempts, time.monotonic() - start)
+                        last = f"HTTP {response.status_code}: {response.text[:200]}"
+                    if attempt < options.max_retries:
+                        await asyncio.sleep(options.delay(attempt))
+        except TimeoutError:
+            raise RetrievalError(
+                f"retriever {self.url}: no reply within the deadline of {options.deadline_s:g} s "
+                f"({attempts} attempt(s), {time.monotonic() - start:.1f} s elapsed); last error: {last}"
+            ) from None
+        raise RetrievalError(
+            f"retriever {self.url}: failed after {attempts} attempt(s) in {time.monotonic() - start:.1f} s: {last}"
+        )
 
 
 class _InProcessBackend:

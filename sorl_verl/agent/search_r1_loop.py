@@ -37,8 +37,11 @@ Ours (verl's agent-loop setting differs from Search-R1's batched trainer):
 - budget: ``rollout.response_length`` caps the whole response (model + observation tokens);
   each generation is further capped at ``max_tokens_per_turn`` (Search-R1's per-generation
   ``max_response_length``). An observation that does not fit is cut and the trajectory ends.
-- a retrieval failure (after the client's retries) raises: silently empty observations
-  would corrupt training data.
+- a retrieval failure (after the client's retries, within its ``http.deadline_s``) raises
+  :class:`~sorl_verl.agent.retrieval_client.RetrievalError`, and so does ``SearchTool``: an
+  outage is the environment's fault, and an empty or error observation in its place would put
+  a state the task never has into the training data (the policy would be trained, and
+  rewarded, on it). A failed step is visible and can be resumed from its checkpoint.
 
 Defaults are Search-R1's training scripts (``train_ppo.sh`` / ``train_grpo.sh``:
 ``max_turns=2``, ``retriever.topk=3``, ``data.max_obs_length=500``,
@@ -149,7 +152,8 @@ class SearchR1AgentLoop(AgentLoopBase):
         max_obs_length: observation cap in tokens (Search-R1: 500).
         max_tokens_per_turn: cap per generation, within ``rollout.response_length``
             (Search-R1's ``max_response_length``: 500).
-        http: ``HttpOptions`` fields for a URL retriever (timeout_s, max_retries, ...).
+        http: ``HttpOptions`` fields for a URL retriever (timeout_s, deadline_s, max_retries, ...);
+            the same mapping as ``SearchTool``'s ``http``.
     """
 
     def __init__(
@@ -178,7 +182,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         self.max_turns = max_turns
         self.max_obs_length = max_obs_length
         self.max_tokens_per_turn = max_tokens_per_turn
-        self.http_options = HttpOptions(**dict(http)) if http else HttpOptions()
+        self.http_options = HttpOptions.from_config(http, "search_r1 agent loop: http")
         self.response_length = self.rollout_config.response_length
         self.special_ids = set(self.tokenizer.all_special_ids)
         if getattr(self.rollout_config, "name", None) == "sglang":
@@ -221,6 +225,11 @@ class SearchR1AgentLoop(AgentLoopBase):
             if output.num_preempted is not None:
                 metrics["num_preempted"] = metrics.get("num_preempted", 0) + output.num_preempted
             self._merge_server_fields(extra_fields, output.extra_fields)
+            # weight versions [oldest, newest] that generated this turn (turn-level staleness
+            # under partial rollouts: sorl_verl.algos.async_trainers)
+            extra_fields.setdefault("turn_global_steps", []).append(
+                [output.extra_fields.get("min_global_steps"), output.extra_fields.get("max_global_steps")]
+            )
 
             token_ids = list(output.token_ids)[:budget]
             token_ids = token_ids[: stop_prefix_length(self._decode, token_ids)]

@@ -12,18 +12,31 @@ former Search-R1-like tool (``query_list``); several queries are answered in one
 Tool config (``config:`` in the YAML; every key optional):
     retriever: ``"embedded"`` (default), an index folder, or an http(s) URL of a Search-R1 server
     topk: passages per query (default 3, Search-R1's)
-    timeout_s, max_retries, backoff_s, max_concurrency: HTTP client settings (see ``HttpOptions``)
+    http: HTTP client settings for a URL retriever, the same mapping as the ``search_r1`` loop's
+        (``timeout_s``, ``deadline_s``, ``max_retries``, ``backoff_s``, ``max_backoff_s``,
+        ``max_concurrency``; see ``HttpOptions``). The former flat keys (``timeout_s: 30`` beside
+        ``retriever``) are still read, with a deprecation warning.
+
+Retrieval failures (after the client's retries, within its deadline) raise
+:class:`~sorl_verl.agent.retrieval_client.RetrievalError`, as in the ``search_r1`` loop: an outage
+is the environment's fault, not an observation the policy should be trained on. Note that verl
+0.9.1's ``tool_agent`` loop catches every exception a tool raises
+(``tool_agent_loop.py``, ``ToolAgentLoop._call_tool``) and shows its message to the model as the
+tool's reply; we leave that verl behaviour alone. Bad arguments written by the model
+(``query_list`` missing or not strings) are the model's action and get an error message as the
+tool's reply.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from sorl_verl.agent.retrieval_client import EMBEDDED, HttpOptions, RetrievalError, format_passages, get_client
+from sorl_verl.agent.retrieval_client import EMBEDDED, HttpOptions, format_passages, get_client
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +82,25 @@ def render_results(queries: list[str], hit_lists: list[list[dict]]) -> str:
     return "\n\n".join(blocks)
 
 
+_FLAT_HTTP_KEYS = ("timeout_s", "deadline_s", "max_retries", "backoff_s", "max_backoff_s", "max_concurrency")
+
+
+def http_options_from_tool_config(config: dict) -> HttpOptions:
+    """``HttpOptions`` from the tool config's ``http:`` mapping (or, deprecated, its flat keys)."""
+    flat = {key: config[key] for key in _FLAT_HTTP_KEYS if key in config}
+    if flat and config.get("http") is not None:
+        raise ValueError(f"SearchTool config: HTTP options both flat {sorted(flat)} and under 'http'; keep 'http' only")
+    if flat:
+        message = (
+            f"SearchTool config: flat HTTP keys {sorted(flat)} are deprecated; "
+            f"nest them under 'http:' (as in examples/configs/search_tool.yaml)"
+        )
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+        logger.warning(message)
+        return HttpOptions.from_config(flat, "SearchTool config")
+    return HttpOptions.from_config(config.get("http"), "SearchTool config http")
+
+
 class SearchTool(BaseTool):
     """Wikipedia search over the in-process BM25 index or a Search-R1 retrieval server."""
 
@@ -78,14 +110,7 @@ class SearchTool(BaseTool):
         self.topk = int(config.get("topk", 3))
         if self.topk <= 0:
             raise ValueError(f"SearchTool: topk must be positive, got {self.topk}")
-        defaults = HttpOptions()
-        self.http_options = HttpOptions(
-            timeout_s=float(config.get("timeout_s", defaults.timeout_s)),
-            max_retries=int(config.get("max_retries", defaults.max_retries)),
-            backoff_s=float(config.get("backoff_s", defaults.backoff_s)),
-            max_backoff_s=float(config.get("max_backoff_s", defaults.max_backoff_s)),
-            max_concurrency=int(config.get("max_concurrency", defaults.max_concurrency)),
-        )
+        self.http_options = http_options_from_tool_config(config)
         super().__init__(config, tool_schema)
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
@@ -101,10 +126,7 @@ class SearchTool(BaseTool):
             queries = parse_query_list(parameters)
         except ValueError as error:
             return ToolResponse(text=f"Error: {error}."), 0.0, {"search_error": 1}
-        try:
-            hit_lists = await self.client.asearch(queries, topk=self.topk)
-        except RetrievalError as error:
-            logger.warning("SearchTool: %s", error)
-            return ToolResponse(text=f"Error: search failed: {error}"), 0.0, {"search_error": 1}
+        # A RetrievalError propagates: see the module docstring for the policy and its reason.
+        hit_lists = await self.client.asearch(queries, topk=self.topk)
         metrics = {"num_queries": len(queries), "num_hits": sum(len(hits) for hits in hit_lists), "search_error": 0}
         return ToolResponse(text=render_results(queries, hit_lists)), 0.0, metrics

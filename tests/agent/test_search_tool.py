@@ -63,14 +63,39 @@ def test_several_queries_give_one_block_each(search_tool, stub_server):
     assert metrics["num_queries"] == 2
 
 
-def test_server_down_is_reported_to_the_model_not_raised(search_tool, stub_server):
+def test_server_down_raises_as_in_the_search_r1_loop(search_tool, stub_server):
+    """One policy for retrieval failures: the tool raises, like the search_r1 loop, never a fake observation."""
+    from sorl_verl.agent.retrieval_client import RetrievalError
+
     search_tool.http_options = search_tool.http_options.__class__(backoff_s=0.01, max_retries=1)
     with stub_server(fail_first=100) as stub:
         search_tool.retriever_spec = stub.url
-        response, reward, metrics = execute(search_tool, {"query_list": ["x"]})
+        with pytest.raises(RetrievalError, match="failed after 2 attempt.*HTTP 500"):
+            execute(search_tool, {"query_list": ["x"]})
     assert len(stub.requests) == 2
-    assert response.text.startswith("Error: search failed") and "HTTP 500" in response.text
-    assert metrics["search_error"] == 1 and reward == 0.0
+
+
+def test_http_options_are_one_nested_mapping_and_flat_keys_are_deprecated():
+    from sorl_verl.agent.retrieval_client import HttpOptions
+    from sorl_verl.agent.search_tool import SearchTool
+
+    assert SearchTool({"type": "native", "http": {"deadline_s": 5}}).http_options == HttpOptions(deadline_s=5.0)
+    with pytest.warns(DeprecationWarning, match="nest them under 'http:'"):
+        tool = SearchTool({"type": "native", "timeout_s": 7, "max_retries": 1})
+    assert tool.http_options == HttpOptions(timeout_s=7.0, max_retries=1)
+    with pytest.raises(ValueError, match="both flat"):
+        SearchTool({"type": "native", "timeout_s": 7, "http": {"max_retries": 1}})
+    with pytest.raises(ValueError, match="unknown option"):
+        SearchTool({"type": "native", "http": {"retries": 1}})
+
+
+def test_example_configs_use_the_same_http_mapping():
+    import yaml
+
+    tool = yaml.safe_load(TOOL_CONFIG.read_text())["tools"][0]["config"]
+    assert "timeout_s" not in tool and set(tool["http"]) >= {"timeout_s", "deadline_s", "max_retries"}
+    loop_yaml = (REPO / "examples/configs/search_r1_agent.yaml").read_text()
+    assert "# http: {timeout_s: 30, deadline_s: 60," in loop_yaml
 
 
 @pytest.mark.parametrize("parameters", [{}, {"query_list": []}, {"query_list": [""]}, {"query_list": [1]}])
