@@ -4,55 +4,79 @@ Infrastructure, not part of the SORL paper. Imported by :mod:`sorl_verl.plugin` 
 ``import verl`` (driver and Ray workers). It does nothing unless the cpu platform is
 selected explicitly, so GPU machines are unaffected:
 
-- ``VERL_PLATFORM=cpu`` in the environment, or
-- a ``trainer.device=cpu`` override on the command line of the process (we then export
-  ``VERL_PLATFORM=cpu`` so the Ray workers started by this driver inherit the choice).
+- ``VERL_PLATFORM=cpu`` in the environment (verl's own platform override): the platform is
+  set up when this package is imported, or
+- ``trainer.device=cpu`` in the trainer's config (on the command line or in a config file):
+  verl's entry points (``main_ppo``, the async and SFT trainers) first call
+  ``verl.utils.device.auto_set_device(config)``, which would switch the device to the detected
+  accelerator; :func:`auto_set_device` wraps it and selects the cpu platform there instead,
+  then exports ``VERL_PLATFORM=cpu`` so the Ray workers this driver starts inherit the choice.
 
-When selected, it registers the platform, applies the version-checked shims of
-:mod:`sorl_verl.platform.patches` and registers the ``hf`` rollout. The Hydra overrides a
+Selecting it registers the platform, applies :func:`sorl_verl.platform.patches.apply_cpu_patches`
+(version-checked shims and registrations, including the ``hf`` rollout). The Hydra overrides a
 CPU run needs are in :mod:`sorl_verl.platform.cpu_overrides`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import re
-import sys
+from collections.abc import Mapping
+
+from sorl_verl._import_hooks import call_after_import
 
 PLATFORM_ENV = "VERL_PLATFORM"
-ROLLOUT_NAME = "hf"
-_DEVICE_OVERRIDE = re.compile(r"^\+{0,2}trainer\.device=['\"]?cpu['\"]?$")
 
 
-def cpu_selected(argv: list[str] | None = None, environ: dict | None = None) -> bool:
-    """True when the cpu platform was chosen explicitly (env var or ``trainer.device=cpu``)."""
+def cpu_selected(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``VERL_PLATFORM=cpu`` is set (case and spaces ignored, as verl reads it)."""
     environ = os.environ if environ is None else environ
-    if environ.get(PLATFORM_ENV, "").strip().lower() == "cpu":
-        return True
-    argv = sys.argv if argv is None else argv
-    return any(_DEVICE_OVERRIDE.match(arg) for arg in argv[1:])
+    return environ.get(PLATFORM_ENV, "").strip().lower() == "cpu"
 
 
-def register_hf_rollout() -> None:
-    """Make ``rollout.name=hf`` resolve in verl's replica and adapter registries."""
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    from sorl_verl.platform.hf_rollout import get_hf_replica_class
-
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "sorl_verl.platform.hf_rollout.HFServerAdapter"
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, get_hf_replica_class)
+def config_selects_cpu(config) -> bool:
+    """True when a trainer config asks for ``trainer.device=cpu``."""
+    trainer = getattr(config, "trainer", None) if config is not None else None
+    return str(getattr(trainer, "device", "") or "").strip().lower() == "cpu"
 
 
 def activate() -> None:
     """Select and set up the cpu platform in this process (idempotent)."""
-    os.environ[PLATFORM_ENV] = "cpu"  # inherited by the Ray cluster this process starts
-    from sorl_verl.platform import cpu  # noqa: F401  registers PlatformCPU
+    os.environ[PLATFORM_ENV] = "cpu"  # verl's platform choice; inherited by the Ray cluster this process starts
+    from verl.plugin.platform import get_platform, set_platform
+
+    from sorl_verl.platform.cpu import PlatformCPU  # registers the platform
     from sorl_verl.platform.patches import apply_cpu_patches
 
+    if get_platform().device_name != "cpu":  # resolved before the config selected cpu
+        set_platform(PlatformCPU())
     apply_cpu_patches()
-    register_hf_rollout()
+
+
+def _select_cpu_from_config(original):
+    @functools.wraps(original)
+    def auto_set_device(config) -> None:
+        if config_selects_cpu(config):
+            activate()
+        return original(config)
+
+    return auto_set_device
+
+
+def _wrap_auto_set_device(device_module) -> None:
+    # Installed in every process, whatever the verl version: it only reads the config, and
+    # activate() checks the verl version before patching anything.
+    from sorl_verl.platform.patches import apply_shim
+
+    apply_shim(
+        device_module,
+        "auto_set_device",
+        _select_cpu_from_config,
+        "verl's entry points read trainer.device here first; trainer.device=cpu selects the cpu platform",
+    )
 
 
 if cpu_selected():
     activate()
+else:
+    call_after_import("verl.utils.device", _wrap_auto_set_device)

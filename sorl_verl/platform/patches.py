@@ -1,31 +1,62 @@
 """The few changes verl 0.9.1 needs to train on a CPU, applied only when the cpu platform is selected.
 
-Infrastructure only. Each shim is narrow, says why it exists, and is checked against the
-verl versions it was written for (:data:`TESTED_VERL_VERSIONS`): on another version we
-refuse to patch with a clear message instead of silently changing unknown code.
+Infrastructure only. verl's public registration calls are used where verl has one
+(``EngineRegistry.register``, ``RolloutReplicaRegistry.register``, ``PlatformRegistry.register``,
+``set_platform``). What remains are shims: each replaces one name at the one place verl
+reads it, through :func:`apply_shim`, which records the original and the reason in
+:data:`SHIMS`. They are checked against the verl versions they were written for
+(:data:`TESTED_VERL_VERSIONS`): on another version we refuse to patch with a clear message
+instead of silently changing unknown code.
 
-Shims (all no-ops unless ``VERL_PLATFORM=cpu``):
+When the cpu platform is selected (never otherwise):
 
-1. process group backend: verl builds ``"cpu:gloo,{device}:{backend}"``, which torch rejects
-   when device is ``cpu`` and backend ``gloo`` ("Duplicate device type cpu"): pass ``"gloo"``.
-2. FSDP engines registered for device ``cpu``: verl registers its FSDP/FSDP2 engines for
-   ``cuda`` and ``npu`` only (the classes are device-agnostic with FSDP2 on gloo).
-3. FSDP2 CPU offload without pinned memory: the reference model (``forward_only``) always gets
-   ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator runtime.
-4. critic value-head loader: ``load_valuehead_model`` hard-codes ``flash_attention_2``; on CPU
-   we load the token-classification head with the attention set in the model config (eager).
+1. process group backend (shim): ``engine_workers`` calls ``initialize_global_process_group_ray()``
+   whose default backend is ``"cpu:gloo,{device}:{backend}"``; torch rejects ``cpu:gloo,cpu:gloo``
+   ("Duplicate device type cpu"), so that call site gets ``"gloo"`` as its default.
+2. FSDP engines for device ``cpu`` (public registration): verl registers its FSDP/FSDP2 engines
+   for ``cuda`` and ``npu`` only; the same classes serve ``cpu`` (FSDP2 on gloo).
+3. FSDP2 offload without pinned memory (shim): the reference model (``forward_only``) always gets
+   ``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator runtime. The FSDP
+   engine's call to ``apply_fsdp2`` receives the same policy unpinned; nothing else sees it.
+4. critic value-head loader (shim): ``load_valuehead_model`` hard-codes ``flash_attention_2``,
+   which does not exist without CUDA. The token-classification head is loaded with the
+   attention in the model config (``eager`` from the CPU overrides); any other model goes to
+   verl's own loader unchanged.
+5. ``rollout.name=hf`` (``register_hf_rollout``): the replica class through
+   ``RolloutReplicaRegistry.register``; verl 0.9.1 has no registration call for the worker-side
+   adapter, so its entry in ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` is a shim.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 
 import verl
+
+from sorl_verl._import_hooks import call_after_import
 
 logger = logging.getLogger("sorl_verl.platform")
 
 TESTED_VERL_VERSIONS = ("0.9.1",)
+ROLLOUT_NAME = "hf"
+MISSING = object()  # ``Shim.original`` of a mapping entry that did not exist
+
+
+@dataclass(frozen=True)
+class Shim:
+    """One replaced name in verl: where, why, and what was there before."""
+
+    target: str  # "module.attribute" or "module.mapping[key]"
+    reason: str
+    original: Any
+    replacement: Any
+
+
+SHIMS: dict[str, Shim] = {}
 
 _applied = False
 
@@ -40,26 +71,49 @@ def check_verl_version() -> None:
         )
 
 
-def _patch_process_group() -> None:
-    import verl.utils.distributed as dist_utils
+def apply_shim(owner: Any, name: Any, make: Callable[[Any], Any], reason: str, *, label: str | None = None) -> Shim:
+    """Replace ``owner.name`` (or ``owner[name]`` for a mapping) by ``make(original)``, once.
 
-    original = dist_utils.initialize_global_process_group_ray
-    if getattr(original, "_sorl_cpu", False):
-        return
+    Records the original and the reason in :data:`SHIMS` under ``label`` (default: the
+    owner's module name and ``name``); a second call for the same label returns the first
+    record without patching again. For a mapping entry that did not exist, the original is
+    :data:`MISSING`.
+    """
+    is_item = isinstance(owner, MutableMapping)
+    target = label or f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+    if target in SHIMS:
+        return SHIMS[target]
+    original = owner.get(name, MISSING) if is_item else getattr(owner, name)
+    replacement = make(original)
+    if is_item:
+        owner[name] = replacement
+    else:
+        setattr(owner, name, replacement)
+    SHIMS[target] = shim = Shim(target, reason, original, replacement)
+    return shim
 
+
+# -- 1. process group backend --------------------------------------------------------------
+
+
+def _gloo_by_default(original):
     @functools.wraps(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        # "cpu:gloo,cpu:gloo" is rejected by torch: gloo alone serves the cpu device.
         return original(timeout_second=timeout_second, backend=backend or "gloo")
 
-    initialize_global_process_group_ray._sorl_cpu = True
-    dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
-    # engine_workers binds the name at import; rebind it there if it is already imported.
-    import sys
+    return initialize_global_process_group_ray
 
-    workers = sys.modules.get("verl.workers.engine_workers")
-    if workers is not None:
-        workers.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+def _shim_process_group(engine_workers) -> None:
+    apply_shim(
+        engine_workers,
+        "initialize_global_process_group_ray",
+        _gloo_by_default,
+        "verl's default backend 'cpu:gloo,cpu:gloo' is rejected by torch; gloo alone serves the cpu device",
+    )
+
+
+# -- 2. FSDP engines for device cpu --------------------------------------------------------
 
 
 def _register_fsdp_engines_for_cpu() -> None:
@@ -70,62 +124,104 @@ def _register_fsdp_engines_for_cpu() -> None:
         ("language_model", transformer_impl.FSDPEngineWithLMHead),
         ("value_model", transformer_impl.FSDPEngineWithValueHead),
     ):
-        for backend in ("fsdp", "fsdp2"):
-            registry = EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {})
-            registry.setdefault("cpu", engine_cls)
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine_cls)
 
 
-def _unpinned_cpu_offload() -> None:
-    from verl.workers.engine.fsdp import transformer_impl
-
-    base = transformer_impl.CPUOffloadPolicy
-    if getattr(base, "_sorl_cpu", False):
-        return
-
-    class UnpinnedCPUOffloadPolicy(base):
-        """``CPUOffloadPolicy`` that never pins host memory (pinning needs CUDA)."""
-
-        _sorl_cpu = True
-
-        def __init__(self, pin_memory: bool = True, **kwargs):
-            super().__init__(pin_memory=False, **kwargs)
-
-    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+# -- 3. FSDP2 offload without pinned memory ------------------------------------------------
 
 
-def _cpu_valuehead_loader() -> None:
-    import verl.utils.model as model_utils
+def unpin_offload_policy(fsdp_kwargs: dict) -> dict:
+    """``fsdp_kwargs`` with a pinned ``CPUOffloadPolicy`` replaced by an unpinned one (a copy)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
-    if getattr(model_utils.load_valuehead_model, "_sorl_cpu", False):
-        return
+    policy = fsdp_kwargs.get("offload_policy")
+    if isinstance(policy, CPUOffloadPolicy) and policy.pin_memory:
+        return {**fsdp_kwargs, "offload_policy": CPUOffloadPolicy(pin_memory=False)}
+    return fsdp_kwargs
 
+
+def _apply_fsdp2_unpinned(original):
+    @functools.wraps(original)
+    def apply_fsdp2(model, fsdp_kwargs, config):
+        return original(model, unpin_offload_policy(fsdp_kwargs), config)
+
+    return apply_fsdp2
+
+
+def _shim_offload_policy(transformer_impl) -> None:
+    apply_shim(
+        transformer_impl,
+        "apply_fsdp2",
+        _apply_fsdp2_unpinned,
+        "the reference model gets CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator runtime",
+    )
+
+
+# -- 4. critic value-head loader -----------------------------------------------------------
+
+
+def _valuehead_with_config_attention(original):
+    @functools.wraps(original)
     def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
-        # A per-token scalar head; attention comes from model_config (eager on CPU) instead of
-        # verl's hard-coded flash_attention_2, which does not exist without CUDA.
         from transformers import AutoModelForTokenClassification
 
-        model_config.num_labels = 1
-        return AutoModelForTokenClassification.from_pretrained(
-            local_path,
-            torch_dtype=torch_dtype,
-            config=model_config,
-            attn_implementation=getattr(model_config, "_attn_implementation", None) or "eager",
-            trust_remote_code=trust_remote_code,
-        )
+        try:  # verl's first choice, with the configured attention instead of flash_attention_2
+            return AutoModelForTokenClassification.from_pretrained(
+                pretrained_model_name_or_path=local_path,
+                torch_dtype=torch_dtype,
+                config=model_config,
+                attn_implementation=getattr(model_config, "_attn_implementation", None) or "eager",
+                trust_remote_code=trust_remote_code,
+            )
+        except Exception:  # not a token-classification model: verl's own fallback (trl value head)
+            return original(local_path, torch_dtype, model_config, trust_remote_code)
 
-    load_valuehead_model._sorl_cpu = True
-    model_utils.load_valuehead_model = load_valuehead_model
+    return load_valuehead_model
+
+
+def _shim_valuehead_loader(model_utils) -> None:
+    apply_shim(
+        model_utils,
+        "load_valuehead_model",
+        _valuehead_with_config_attention,
+        "verl hard-codes flash_attention_2 for the critic's head; it does not exist without CUDA",
+    )
+
+
+# -- 5. the hf rollout ---------------------------------------------------------------------
+
+
+def register_hf_rollout() -> None:
+    """Make ``rollout.name=hf`` resolve in verl's replica and adapter registries."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from sorl_verl.platform.hf_rollout import get_hf_replica_class
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, get_hf_replica_class)
+    apply_shim(
+        rollout_base._ROLLOUT_REGISTRY,
+        (ROLLOUT_NAME, "async"),
+        lambda _: "sorl_verl.platform.hf_rollout.HFServerAdapter",
+        "verl 0.9.1 has no registration call for a rollout's worker-side adapter",
+        label="verl.workers.rollout.base._ROLLOUT_REGISTRY[('hf', 'async')]",
+    )
 
 
 def apply_cpu_patches() -> None:
-    """Apply every CPU shim once (idempotent). Call only when the cpu platform is selected."""
+    """Register and shim everything the cpu platform needs (idempotent). Only when it is selected.
+
+    The shims of modules verl has not imported yet are applied right after verl imports them
+    (:func:`sorl_verl._import_hooks.call_after_import`), so selecting the platform stays cheap.
+    """
     global _applied
     if _applied:
         return
     check_verl_version()
-    _patch_process_group()
+    call_after_import("verl.workers.engine_workers", _shim_process_group)
+    call_after_import("verl.workers.engine.fsdp.transformer_impl", _shim_offload_policy)
+    call_after_import("verl.utils.model", _shim_valuehead_loader)
     _register_fsdp_engines_for_cpu()
-    _unpinned_cpu_offload()
-    _cpu_valuehead_loader()
+    register_hf_rollout()
     _applied = True
     logger.info("sorl_verl: cpu platform patches applied to verl %s", verl.__version__)

@@ -8,19 +8,31 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sorl_verl.models import build_tiny_model
-from sorl_verl.platform import cpu_selected
+from sorl_verl.platform import config_selects_cpu, cpu_selected
 from sorl_verl.platform.cpu_overrides import cpu_overrides
 from sorl_verl.platform.hf_generate import GenerationRequest, generate_batch, sample_next_token
 
+# After ``import verl``: the platform, whether ``hf`` resolves, and (for a config device given
+# as argv[1]) what verl's ``auto_set_device`` leaves in the config, as verl's entry points call it.
 PROBE = """
+import os, sys
 import verl
+from omegaconf import OmegaConf
 from verl.plugin.platform import get_platform
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-print(get_platform().device_name, "hf" in RolloutReplicaRegistry._registry, ("hf", "async") in _ROLLOUT_REGISTRY)
+device = "-"
+if len(sys.argv) > 1:
+    from verl.utils.device import auto_set_device
+    config = OmegaConf.create({"trainer": {"device": sys.argv[1]}})
+    auto_set_device(config)
+    device = config.trainer.device
+print(get_platform().device_name, "hf" in RolloutReplicaRegistry._registry, ("hf", "async") in _ROLLOUT_REGISTRY,
+      device, os.environ.get("VERL_PLATFORM"))
 """
 
 
@@ -35,21 +47,110 @@ def _probe(env_platform, *argv):
 
 
 def test_selection_rules():
-    assert cpu_selected(argv=["x"], environ={"VERL_PLATFORM": "cpu"})
-    assert cpu_selected(argv=["x"], environ={"VERL_PLATFORM": " CPU "})
-    assert cpu_selected(argv=["main_ppo", "a=1", "trainer.device=cpu"], environ={})
-    assert cpu_selected(argv=["main_ppo", "++trainer.device=cpu"], environ={})
-    assert not cpu_selected(argv=["main_ppo", "trainer.device=cuda"], environ={})
-    assert not cpu_selected(argv=["main_ppo"], environ={"VERL_PLATFORM": "nvidia"})
-    assert not cpu_selected(argv=["main_ppo", "x.trainer.device=cpu"], environ={})
+    assert cpu_selected(environ={"VERL_PLATFORM": "cpu"})
+    assert cpu_selected(environ={"VERL_PLATFORM": " CPU "})
+    assert not cpu_selected(environ={})
+    assert not cpu_selected(environ={"VERL_PLATFORM": "nvidia"})
+    assert config_selects_cpu(OmegaConf.create({"trainer": {"device": "cpu"}}))
+    assert config_selects_cpu(SimpleNamespace(trainer=SimpleNamespace(device=" CPU")))
+    assert not config_selects_cpu(OmegaConf.create({"trainer": {"device": "cuda"}}))
+    assert not config_selects_cpu(OmegaConf.create({"x": {"trainer": {"device": "cpu"}}}))
+    assert not config_selects_cpu(OmegaConf.create({"trainer": {}}))
+    assert not config_selects_cpu(None)
 
 
 @pytest.mark.slow
 def test_inactive_by_default_active_when_selected():
     # default: verl's own detection (no GPU here -> its 'nvidia' fallback), nothing of ours registered
-    assert _probe(None) == "cuda False False"
-    assert _probe("cpu") == "cpu True True"
-    assert _probe(None, "trainer.device=cpu") == "cpu True True"
+    assert _probe(None) == "cuda False False - None"
+    assert _probe(None, "cuda") == "cuda False False cuda None"
+    assert _probe("cpu") == "cpu True True - cpu"
+    # trainer.device=cpu in the config: selected when verl's entry point reads it, exported to Ray workers
+    assert _probe(None, "cpu") == "cpu True True cpu cpu"
+
+
+SHIM_PROBE = """
+import os
+import torch
+import verl
+from transformers import AutoConfig
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.engine.fsdp import transformer_impl
+import verl.utils.model as model_utils
+import verl.workers.engine_workers as engine_workers
+from sorl_verl.platform.patches import SHIMS
+
+# 1. process group: gloo, through the name engine_workers calls
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
+engine_workers.initialize_global_process_group_ray(timeout_second=60)
+assert torch.distributed.get_backend() == "gloo"
+torch.distributed.destroy_process_group()
+# 2. engines for device cpu
+assert EngineRegistry.get_engine_cls("value_model", "fsdp2") is transformer_impl.FSDPEngineWithValueHead
+assert EngineRegistry.get_engine_cls("language_model", "fsdp") is transformer_impl.FSDPEngineWithLMHead
+# 4. critic head loads with the configured attention
+config = AutoConfig.from_pretrained(os.environ["PROBE_MODEL"], attn_implementation="eager")
+config.num_labels = 1
+head = model_utils.load_valuehead_model(os.environ["PROBE_MODEL"], torch.float32, config, False)
+assert type(head).__name__ == "Qwen2ForTokenClassification" and head.config._attn_implementation == "eager"
+for shim in SHIMS.values():
+    assert shim.reason and shim.original is not shim.replacement
+print(sorted(SHIMS))
+"""
+
+
+@pytest.mark.slow
+def test_cpu_shims_in_a_fresh_process(tmp_path):
+    path = build_tiny_model(tmp_path / "tiny")
+    env = {
+        **os.environ,
+        "VERL_PLATFORM": "cpu",
+        "PROBE_MODEL": str(path),
+        "PROBE_PORT": str(29500 + os.getpid() % 1000),
+    }
+    out = subprocess.run([sys.executable, "-c", SHIM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(
+        sorted(
+            [
+                "verl.utils.model.load_valuehead_model",
+                "verl.workers.engine.fsdp.transformer_impl.apply_fsdp2",
+                "verl.workers.engine_workers.initialize_global_process_group_ray",
+                "verl.workers.rollout.base._ROLLOUT_REGISTRY[('hf', 'async')]",
+            ]
+        )
+    )
+
+
+def test_apply_shim_records_the_original_once():
+    from sorl_verl.platform.patches import MISSING, SHIMS, apply_shim
+
+    owner = SimpleNamespace(__name__="fake_module", f=lambda x: x)
+    original = owner.f
+    try:
+        shim = apply_shim(owner, "f", lambda f: lambda x: f(x) + 1, "test")
+        assert (shim.target, shim.original, shim.reason) == ("fake_module.f", original, "test")
+        assert owner.f(1) == 2
+        again = apply_shim(owner, "f", lambda f: lambda x: f(x) + 10, "test")
+        assert again is shim and owner.f(1) == 2  # applied once
+        registry = {"a": 1}
+        entry = apply_shim(registry, "b", lambda old: 2, "test", label="fake_registry[b]")
+        assert entry.original is MISSING and registry == {"a": 1, "b": 2}
+    finally:
+        SHIMS.pop("fake_module.f", None)
+        SHIMS.pop("fake_registry[b]", None)
+
+
+def test_unpin_offload_policy_only_changes_pinning():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from sorl_verl.platform.patches import unpin_offload_policy
+
+    pinned = {"mesh": "m", "offload_policy": CPUOffloadPolicy(pin_memory=True)}
+    unpinned = unpin_offload_policy(pinned)
+    assert type(unpinned["offload_policy"]) is CPUOffloadPolicy and not unpinned["offload_policy"].pin_memory
+    assert unpinned["mesh"] == "m" and pinned["offload_policy"].pin_memory  # the caller's dict is untouched
+    assert unpin_offload_policy({"offload_policy": None}) == {"offload_policy": None}
 
 
 def test_platform_never_auto_detected_and_answers_cpu_questions():
@@ -128,7 +229,9 @@ def test_log_probs_are_the_models(tiny):
         GenerationRequest(prompt_ids=tok.encode("hello world"), max_tokens=12, temperature=0.8, logprobs=True),
         GenerationRequest(prompt_ids=tok.encode("a"), max_tokens=12, temperature=1.0, logprobs=True),
     ]
-    results = generate_batch(model, tok, requests, [tok.eos_token_id], tok.pad_token_id, torch.Generator().manual_seed(1))
+    results = generate_batch(
+        model, tok, requests, [tok.eos_token_id], tok.pad_token_id, torch.Generator().manual_seed(1)
+    )
     for request, result in zip(requests, results, strict=True):
         ids = torch.tensor([request.prompt_ids + result.token_ids])
         logits = model(ids).logits[0, len(request.prompt_ids) - 1 : -1] / request.temperature
@@ -222,5 +325,7 @@ def test_server_batches_concurrent_requests_and_swaps_weights(tiny):
     assert all(1 <= len(o.token_ids) <= 8 and len(o.log_probs) == len(o.token_ids) for o in outs)
     # all-zero weights: uniform next-token distribution, so every log-prob is -log(vocab)
     vocab = server.model.config.vocab_size
-    torch.testing.assert_close(torch.tensor(after.log_probs), torch.full((len(after.token_ids),), -torch.log(torch.tensor(float(vocab)))))
+    torch.testing.assert_close(
+        torch.tensor(after.log_probs), torch.full((len(after.token_ids),), -torch.log(torch.tensor(float(vocab))))
+    )
     assert after.extra_fields["global_steps"] == 3
