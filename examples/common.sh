@@ -87,7 +87,7 @@ sorl_die() {
   exit 1
 }
 
-# Fills ALGO_OVERRIDES for $1. Loss names are registered by sorl_verl (issue 2); "vanilla" is verl's PPO loss.
+# Fills ALGO_OVERRIDES for $1. Loss names are registered by sorl_verl on `import verl`; "vanilla" is verl's PPO loss.
 sorl_algo_overrides() {
   local algo="$1" loss adv critic=0 group=0
   case "$algo" in

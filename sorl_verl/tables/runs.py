@@ -32,7 +32,7 @@ CONFIG_NAMES = ("config.yaml", "resolved_config.yaml", ".hydra/config.yaml")
 
 _VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 
-# Policy-loss names of sorl_verl.algos (issue 2) and verl's own PPO loss, as the paper names them.
+# Policy-loss names registered by sorl_verl.algos and verl's own PPO loss, as the paper names them.
 LOSS_NAMES = {
     "vanilla": "PPO",
     "turn_ppo": "Turn-PPO",
@@ -61,7 +61,7 @@ def method_name(loss_mode: str, adv_estimator: str) -> str:
     """Paper name of a (policy loss, advantage estimator) pair.
 
     ``gae`` is the paper's PPO family with a token-level critic; ``grpo`` its critic-free
-    family; ``turn_gae`` (our turn-level critic, issue 2) is marked with a suffix. Any
+    family; ``turn_gae`` (our turn-level advantage estimator) is marked with a suffix. Any
     other pair is shown as ``<loss name> (<estimator>)`` rather than guessed.
     """
     if adv_estimator == "grpo":
