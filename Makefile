@@ -32,5 +32,14 @@ lint: install
 demo: install
 	bash examples/quickstart/run_demo.sh $(ALGO) $(ARGS)
 
+# The off-policy stability benchmark (docs/stability.md), e.g. make stability ARGS="--quick"
+# or ARGS="--pressures reuse_8x8 --methods grpo so_grpo"; a second call resumes the sweep.
+.PHONY: stability stability-report
+stability: install
+	$(BIN)/python -m sorl_verl.stability run $(ARGS)
+
+stability-report: install
+	$(BIN)/python -m sorl_verl.stability report $(ARGS)
+
 clean:
 	rm -rf $(VENV) *.egg-info build dist

@@ -39,7 +39,8 @@ def mean_validation_curve(run: Run) -> tuple[list[int], list[float]]:
     return steps, [sum(s[step] for s in sources) / len(sources) for step in steps]
 
 
-def _metric_for_panel(runs: list[Run], patterns: list[str]) -> str | None:
+def metric_for_panel(runs: list[Run], patterns: list[str]) -> str | None:
+    """The first metric name, in ``patterns`` order, that any of ``runs`` logged (None if none)."""
     names = {name for run in runs for metrics in run.steps.values() for name in metrics}
     for pattern in patterns:
         hits = sorted(n for n in names if re.fullmatch(pattern, n))
@@ -61,7 +62,7 @@ def plot_runs(runs: list[Run], out: str | Path, extra_panels: list[tuple[str, li
 
     panels: list[tuple[str, str | None]] = [("Validation score (mean over datasets)", None)]
     for title, patterns in [*STABILITY_PANELS, *extra_panels]:
-        metric = _metric_for_panel(runs, patterns)
+        metric = metric_for_panel(runs, patterns)
         if metric is not None:
             panels.append((f"{title}\n{metric}", metric))
 

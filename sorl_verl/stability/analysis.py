@@ -1,0 +1,443 @@
+"""A sweep's finished runs -> per-run figures of merit, the pressure x method table, the figures.
+
+Runs are read with :mod:`sorl_verl.tables` (metrics JSONL + Hydra config). Per run (our
+definitions, documented in docs/stability.md):
+
+- the *validation curve* is the mean validation score over the run's data sources at each
+  validation step (``tables.plot.mean_validation_curve``); step 0 is the warm start;
+- ``warm`` = its value at the first validated step, ``peak`` = its maximum (warm start included),
+  ``final`` = its value at the last validated step;
+- ``auc`` = the trapezoid area under it divided by the steps it spans: the mean score over
+  training, in score units, so runs of different lengths compare;
+- ``collapsed``: ``final <= warm - 0.15`` or ``final < peak / 2`` (issue 9's rule);
+- clip fractions: the mean over training steps of the token and turn clip fractions, where the
+  run logs them (names from ``tables.plot.STABILITY_PANELS``, so renamed metrics follow it).
+
+Per (pressure, method): mean and sample standard deviation over seeds, and collapsed runs k/n.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sorl_verl.fileio import write_text_atomic
+from sorl_verl.stability.grid import METHODS, PRESSURES
+from sorl_verl.tables.plot import STABILITY_PANELS, mean_validation_curve, metric_for_panel
+from sorl_verl.tables.runs import Run, RunError, load_run
+
+COLLAPSE_DROP = 0.15  # final at least this far below the warm start ...
+COLLAPSE_PEAK_FRACTION = 0.5  # ... or below this fraction of the peak
+# Table columns averaged over training steps: (column, STABILITY_PANELS title).
+CLIP_COLUMNS = (("Token clip", "Token clip fraction"), ("Turn clip", "Turn clip fraction"))
+_PANEL_PATTERNS = dict(STABILITY_PANELS)
+
+
+@dataclass
+class RunResult:
+    name: str
+    pressure: str
+    method: str  # ALGO name (common.sh)
+    label: str  # the paper's name (tables.method_name)
+    seed: int
+    steps: list[int]
+    scores: list[float]
+    warm: float
+    peak: float
+    final: float
+    auc: float
+    collapsed: bool
+    clip: dict[str, float | None] = field(default_factory=dict)  # CLIP_COLUMNS -> mean over steps
+    run: Run | None = None
+
+
+def area_under_curve(steps: list[int], scores: list[float]) -> float:
+    """Trapezoid area of ``scores`` over ``steps`` divided by the span (a single point: its value)."""
+    if not steps:
+        raise ValueError("no validation points")
+    if len(steps) == 1 or steps[-1] == steps[0]:
+        return scores[-1]
+    area = sum((b - a) * (ya + yb) / 2 for a, b, ya, yb in zip(steps, steps[1:], scores, scores[1:], strict=False))
+    return area / (steps[-1] - steps[0])
+
+
+def is_collapsed(warm: float, peak: float, final: float) -> bool:
+    # a tolerance so that "exactly 0.15 below" counts despite float rounding
+    return final <= warm - COLLAPSE_DROP + 1e-9 or final < COLLAPSE_PEAK_FRACTION * peak
+
+
+def run_result(
+    run: Run, pressure: str, method: str, seed: int, clip_metrics: dict[str, str | None]
+) -> RunResult | None:
+    """Figures of merit of one run; None when it has no validation score."""
+    steps, scores = mean_validation_curve(run)
+    if not steps:
+        return None
+    warm, peak, final = scores[0], max(scores), scores[-1]
+    clip = {}
+    for column, metric in clip_metrics.items():
+        values = run.series(metric)[1] if metric else []
+        clip[column] = sum(values) / len(values) if values else None
+    return RunResult(
+        name=run.path.name,
+        pressure=pressure,
+        method=method,
+        label=run.method,
+        seed=seed,
+        steps=steps,
+        scores=scores,
+        warm=warm,
+        peak=peak,
+        final=final,
+        auc=area_under_curve(steps, scores),
+        collapsed=is_collapsed(warm, peak, final),
+        clip=clip,
+        run=run,
+    )
+
+
+def load_results(sweep_dir: Path) -> tuple[list[RunResult], list[str]]:
+    """Every finished run of the sweep folder, in table order; and notes on the runs left out."""
+    import json
+
+    from sorl_verl.stability.sweep import DONE_MARKER, RUN_RECORD
+
+    found: list[tuple[Run, dict]] = []
+    notes: list[str] = []
+    for folder in sorted((Path(sweep_dir) / "runs").glob("*")):
+        if not (folder / RUN_RECORD).is_file():
+            continue
+        if not (folder / DONE_MARKER).is_file():
+            notes.append(f"{folder.name}: not finished, left out")
+            continue
+        record = json.loads((folder / RUN_RECORD).read_text(encoding="utf-8"))
+        try:
+            found.append((load_run(folder), record))
+        except RunError as e:
+            notes.append(f"{folder.name}: unreadable, left out ({e})")
+    runs = [run for run, _ in found]
+    clip_metrics = {column: metric_for_panel(runs, _PANEL_PATTERNS[title]) for column, title in CLIP_COLUMNS}
+    results = []
+    for run, record in found:
+        result = run_result(run, record["pressure"]["name"], record["method"], int(record["seed"]), clip_metrics)
+        if result is None:
+            notes.append(f"{run.path.name}: no validation score, left out")
+        else:
+            results.append(result)
+    results.sort(key=lambda r: (_pressure_order(r.pressure), _method_order(r.method), r.seed))
+    return results, notes
+
+
+def _pressure_order(name: str) -> tuple[int, str]:
+    order = list(PRESSURES)
+    return (order.index(name) if name in order else len(order), name)
+
+
+def _method_order(name: str) -> tuple[int, str]:
+    return (METHODS.index(name) if name in METHODS else len(METHODS), name)
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass
+class Stat:
+    mean: float | None
+    std: float | None  # sample standard deviation; None below 2 values
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Stat:
+        values = [v for v in values if v is not None]
+        if not values:
+            return cls(None, None)
+        return cls(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
+
+    def text(self, digits: int = 3) -> str:
+        if self.mean is None:
+            return "-"
+        return f"{self.mean:.{digits}f}" + ("" if self.std is None else f" ± {self.std:.{digits}f}")
+
+
+@dataclass
+class Cell:
+    pressure: str
+    method: str
+    label: str
+    seeds: list[int]
+    collapsed: int
+    stats: dict[str, Stat]
+
+
+STAT_COLUMNS = ("Warm start", "Peak", "Final", "AUC", *(c for c, _ in CLIP_COLUMNS))
+
+
+def aggregate(results: list[RunResult]) -> list[Cell]:
+    """One cell per (pressure, method), in the order of ``results``."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.pressure, r.method), []).append(r)
+    cells = []
+    for (pressure, method), rs in groups.items():
+        values = {
+            "Warm start": [r.warm for r in rs],
+            "Peak": [r.peak for r in rs],
+            "Final": [r.final for r in rs],
+            "AUC": [r.auc for r in rs],
+            **{c: [r.clip.get(c) for r in rs] for c, _ in CLIP_COLUMNS},
+        }
+        cells.append(
+            Cell(
+                pressure=pressure,
+                method=method,
+                label=rs[0].label,
+                seeds=[r.seed for r in rs],
+                collapsed=sum(r.collapsed for r in rs),
+                stats={k: Stat.of(v) for k, v in values.items()},
+            )
+        )
+    return cells
+
+
+def to_markdown(cells: list[Cell], digits: int = 3) -> str:
+    lines = [
+        "Validation score (mean over data sources) per off-policy pressure and method: mean ± std over seeds. "
+        f"Collapsed: final <= warm start - {COLLAPSE_DROP} or final < {COLLAPSE_PEAK_FRACTION} x peak. "
+        "AUC: area under the validation curve / steps (the mean score over training). "
+        "Clip columns: mean over training steps.",
+        "",
+        "| Pressure | Method | Seeds | "
+        + " | ".join(STAT_COLUMNS[:4])
+        + " | Collapsed | "
+        + " | ".join(STAT_COLUMNS[4:])
+        + " |",
+        "|:---|:---|---:|" + "---:|" * 4 + "---:|" + "---:|" * (len(STAT_COLUMNS) - 4),
+    ]
+    for c in cells:
+        stats = [c.stats[k].text(digits) for k in STAT_COLUMNS]
+        row = [c.pressure, c.label, str(len(c.seeds)), *stats[:4], f"{c.collapsed}/{len(c.seeds)}", *stats[4:]]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[list]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else repr(value)
+
+
+def to_csv(cells: list[Cell]) -> str:
+    """Full precision; ``*_std`` empty below two seeds."""
+    keys = [k.lower().replace(" ", "_") for k in STAT_COLUMNS]
+    header = ["pressure", "method", "algo", "seeds", "collapsed"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")]
+    rows = [header]
+    for c in cells:
+        stats = [v for k in STAT_COLUMNS for v in (_num(c.stats[k].mean), _num(c.stats[k].std))]
+        rows.append([c.pressure, c.label, c.method, " ".join(map(str, c.seeds)), c.collapsed, *stats])
+    return _csv(rows)
+
+
+def runs_csv(results: list[RunResult]) -> str:
+    """One row per run: its figures of merit and its validation curve (``step:score`` pairs)."""
+    header = ["run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed"]
+    header += [k.lower().replace(" ", "_") for k, _ in CLIP_COLUMNS] + ["curve"]
+    rows = [header]
+    for r in results:
+        curve = " ".join(f"{s}:{v:.4f}" for s, v in zip(r.steps, r.scores, strict=True))
+        rows.append(
+            [
+                r.name,
+                r.pressure,
+                r.method,
+                r.label,
+                r.seed,
+                repr(r.warm),
+                repr(r.peak),
+                repr(r.final),
+                repr(r.auc),
+                int(r.collapsed),
+            ]
+            + [_num(r.clip.get(k)) for k, _ in CLIP_COLUMNS]
+            + [curve]
+        )
+    return _csv(rows)
+
+
+# ---------------------------------------------------------------- the figures
+
+
+def _mean_curve(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float]]:
+    """(steps every curve has, mean, sample std or 0) of several (steps, values) curves."""
+    if not curves:
+        return [], [], []
+    common = sorted(set.intersection(*(set(xs) for xs, _ in curves)))
+    maps = [dict(zip(xs, ys, strict=True)) for xs, ys in curves]
+    means, stds = [], []
+    for step in common:
+        values = [m[step] for m in maps]
+        means.append(statistics.fmean(values))
+        stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+    return common, means, stds
+
+
+def _save(fig, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from sorl_verl.fileio import atomic_file
+
+    try:
+        with atomic_file(out) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+
+
+def _grid(n_panels: int, ncols: int, width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nrows = math.ceil(n_panels / ncols)
+    return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+
+
+def _colors(results: list[RunResult]) -> dict[str, str]:
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    methods = sorted({r.method for r in results}, key=_method_order)
+    return {
+        m: cycle[_method_order(m)[0] % len(cycle)] if m in METHODS else cycle[i % len(cycle)]
+        for i, m in enumerate(methods)
+    }
+
+
+def _by_pressure_method(results: list[RunResult]) -> dict[str, dict[str, list[RunResult]]]:
+    out: dict[str, dict[str, list[RunResult]]] = {}
+    for r in results:
+        out.setdefault(r.pressure, {}).setdefault(r.method, []).append(r)
+    return out
+
+
+def _legend(fig, axes) -> None:
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=9, frameon=False)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+    else:
+        fig.tight_layout()
+
+
+def plot_validation(results: list[RunResult], out: Path) -> int:
+    """Validation score vs step, one panel per pressure, one line per method (mean ± std over seeds)."""
+    grouped = _by_pressure_method(results)
+    colors = _colors(results)
+    fig, axes = _grid(len(grouped), min(4, len(grouped)), 4.6, 3.6)
+    for ax, (pressure, by_method) in zip(axes.flat, grouped.items(), strict=False):
+        for method, rs in by_method.items():
+            xs, mean, std = _mean_curve([(r.steps, r.scores) for r in rs])
+            color = colors[method]
+            ax.plot(xs, mean, marker="o", markersize=3, linewidth=1.5, color=color, label=f"{rs[0].label}")
+            if len(rs) > 1:
+                ax.fill_between(
+                    xs,
+                    [m - s for m, s in zip(mean, std, strict=True)],
+                    [m + s for m, s in zip(mean, std, strict=True)],
+                    color=color,
+                    alpha=0.15,
+                    linewidth=0,
+                )
+        desc = PRESSURES[pressure].description if pressure in PRESSURES else ""
+        ax.set_title(f"{pressure}\n{desc}", fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("validation score")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(grouped) :]:
+        ax.axis("off")
+    _legend(fig, axes)
+    _save(fig, out)
+    return len(grouped)
+
+
+def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
+    """Training diagnostics vs step (rows: clip fractions, clipping-bias norm, scale, ...; columns:
+    pressures), mean over seeds per method. Rows no run logged are left out; returns the metrics drawn."""
+    runs = [r.run for r in results if r.run is not None]
+    rows = [(title, metric_for_panel(runs, patterns)) for title, patterns in STABILITY_PANELS]
+    rows = [(title, metric) for title, metric in rows if metric is not None]
+    if not rows:
+        return []
+    grouped = _by_pressure_method(results)
+    colors = _colors(results)
+    pressures = list(grouped)
+    fig, axes = _grid(len(rows) * len(pressures), len(pressures), 4.2, 2.9)
+    for i, (title, metric) in enumerate(rows):
+        for j, pressure in enumerate(pressures):
+            ax = axes[i][j]
+            for method, rs in grouped[pressure].items():
+                curves = [r.run.series(metric) for r in rs if r.run is not None]
+                xs, mean, _ = _mean_curve([c for c in curves if c[0]])
+                if xs:
+                    ax.plot(xs, mean, linewidth=1.3, color=colors[method], label=rs[0].label)
+            if i == 0:
+                ax.set_title(pressure, fontsize=10)
+            if j == 0:
+                ax.set_ylabel(f"{title}\n({metric})", fontsize=8)
+            if i == len(rows) - 1:
+                ax.set_xlabel("training step")
+            ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    _save(fig, out)
+    return [metric for _, metric in rows]
+
+
+# ---------------------------------------------------------------- the report
+
+
+def write_report(sweep_dir: Path) -> dict:
+    """``stability.md``, ``stability.csv``, ``stability_runs.csv``, ``validation.png`` and
+    ``diagnostics.png`` in the sweep folder; returns what was written and the notes."""
+    sweep_dir = Path(sweep_dir)
+    results, notes = load_results(sweep_dir)
+    written: dict[str, str] = {}
+    if not results:
+        return {"runs": 0, "written": written, "notes": notes or ["no finished runs"]}
+    cells = aggregate(results)
+    markdown = to_markdown(cells)
+    for name, text in (
+        ("stability.md", markdown),
+        ("stability.csv", to_csv(cells)),
+        ("stability_runs.csv", runs_csv(results)),
+    ):
+        write_text_atomic(sweep_dir / name, text)
+        written[name] = str(sweep_dir / name)
+    plot_validation(results, sweep_dir / "validation.png")
+    written["validation.png"] = str(sweep_dir / "validation.png")
+    drawn = plot_diagnostics(results, sweep_dir / "diagnostics.png")
+    if drawn:
+        written["diagnostics.png"] = str(sweep_dir / "diagnostics.png")
+    else:
+        (sweep_dir / "diagnostics.png").unlink(missing_ok=True)  # never leave a stale figure beside a new table
+        notes.append("diagnostics.png: no run logged any clip fraction or SORL diagnostic")
+    return {
+        "runs": len(results),
+        "cells": len(cells),
+        "written": written,
+        "notes": notes,
+        "markdown": markdown,
+        "diagnostics": drawn,
+    }

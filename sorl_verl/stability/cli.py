@@ -1,0 +1,185 @@
+"""``python -m sorl_verl.stability {run,report} [--out SWEEP_DIR] ...``: the off-policy stability benchmark.
+
+    python -m sorl_verl.stability run --quick                 # the ~30-minute subset
+    python -m sorl_verl.stability run                         # every pressure x method x 3 seeds
+    python -m sorl_verl.stability run --pressures reuse_8x8 --methods grpo so_grpo --seeds 1 2
+    python -m sorl_verl.stability run --dry-run               # list the runs and their status
+    python -m sorl_verl.stability report                      # table and figures of the finished runs
+
+``make stability ARGS="--quick"`` is ``run`` with those arguments. A second call skips finished
+runs and resumes unfinished ones; docs/stability.md explains the axes and the figures of merit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from sorl_verl.stability.grid import DEFAULT_PRESSURES, DEFAULT_SEEDS, METHODS, PRESSURES, QUICK, Budget, build_grid
+
+DEFAULT_OUT = Path("runs/stability")
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sorl_verl.stability", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run the sweep (skips finished runs, resumes unfinished ones), then report")
+    r.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"sweep folder (default {DEFAULT_OUT})")
+    r.add_argument("--pressures", nargs="+", choices=list(PRESSURES), help=f"default: {' '.join(DEFAULT_PRESSURES)}")
+    r.add_argument("--methods", nargs="+", choices=list(METHODS), help=f"default: {' '.join(METHODS)}")
+    r.add_argument("--seeds", nargs="+", type=int, help=f"default: {' '.join(map(str, DEFAULT_SEEDS))}")
+    r.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the ~30-minute subset: pressures {' '.join(QUICK['pressures'])}, methods {' '.join(QUICK['methods'])}, "
+        f"seed {' '.join(map(str, QUICK['seeds']))} (explicit --pressures/--methods/--seeds win)",
+    )
+    budget = Budget()
+    r.add_argument("--steps", type=int, default=budget.steps, help=f"training steps per run (default {budget.steps})")
+    r.add_argument(
+        "--test-freq", type=int, default=budget.test_freq, help=f"validate every N steps (default {budget.test_freq})"
+    )
+    r.add_argument(
+        "--trajectories",
+        type=int,
+        default=budget.trajectories,
+        help=f"trajectories per step, every method (default {budget.trajectories})",
+    )
+    r.add_argument(
+        "--group-size",
+        type=int,
+        default=budget.group_size,
+        help=f"samples per prompt, critic-free methods (default {budget.group_size})",
+    )
+    r.add_argument(
+        "--prepare-args",
+        default="",
+        help="extra options of the warm start (python -m sorl_verl.quickstart prepare), e.g. '--n-val 128 --sft-steps 300'",
+    )
+    r.add_argument(
+        "--env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra run_demo.sh variable (repeatable)",
+    )
+    r.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override for every run (repeatable)",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="list the runs, their status and the first pending command; run nothing"
+    )
+    r.add_argument(
+        "--keep-going", action="store_true", help="go on after a failed run (default: stop; the next call resumes it)"
+    )
+    r.add_argument("--no-report", action="store_true", help="skip the table and figures at the end")
+
+    p = sub.add_parser("report", help="table (markdown, CSV) and figures of a sweep folder's finished runs")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"sweep folder (default {DEFAULT_OUT})")
+    return parser
+
+
+def _grid(args: argparse.Namespace):
+    quick = QUICK if args.quick else {}
+    budget = Budget(
+        steps=args.steps,
+        test_freq=args.test_freq,
+        trajectories=args.trajectories,
+        group_size=args.group_size,
+        prepare_args=tuple(shlex.split(args.prepare_args)),
+        env=tuple(args.env),
+        overrides=tuple(args.override),
+    )
+    return build_grid(
+        pressures=args.pressures or quick.get("pressures", DEFAULT_PRESSURES),
+        methods=args.methods or quick.get("methods", METHODS),
+        seeds=args.seeds or quick.get("seeds", DEFAULT_SEEDS),
+        budget=budget,
+    )
+
+
+def _dry_run(out: Path, specs) -> None:
+    from sorl_verl.stability.grid import warm_seed
+    from sorl_verl.stability.sweep import checkpoint_step, launch_command, run_dir, run_status, warm_dir
+
+    for i, spec in enumerate(specs, start=1):
+        status = run_status(out, spec)
+        if status == "partial":
+            status = f"partial (checkpoint at step {checkpoint_step(run_dir(out, spec))})"
+        print(f"[{i}/{len(specs)}] {spec.name}: {status}")
+    seeds = sorted({warm_seed(s.seed, s.budget) for s in specs})
+    seeds = [seed for seed in seeds if not (warm_dir(out, seed) / "prepare.json").is_file()]
+    if seeds:
+        print(f"warm starts to prepare: seed {', '.join(map(str, seeds))} (about 2 min each)")
+    pending = [s for s in specs if run_status(out, s) != "finished"]
+    if pending:
+        spec = pending[0]
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env().items())
+        print(f"first pending run:\n  {env} \\\n  {shlex.join(launch_command(spec, run_dir(out, spec)))}")
+
+
+def _report(out: Path) -> int:
+    from sorl_verl.stability.analysis import write_report
+
+    if not (out / "runs").is_dir():
+        print(
+            f"error: {out}: no runs/ folder (is it a sweep folder? run `python -m sorl_verl.stability run --out {out}`)",
+            file=sys.stderr,
+        )
+        return 2
+    info = write_report(out)
+    for note in info["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    if info["runs"]:
+        print(info["markdown"])
+        print(f"{info['runs']} runs -> " + ", ".join(info["written"].values()), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "report":
+        return _report(args.out)
+    from sorl_verl.stability.sweep import SweepError, run_sweep
+
+    try:
+        specs = _grid(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        _dry_run(args.out, specs)
+        return 0
+    call = {"argv": sys.argv[1:] if argv is None else list(argv)}
+    try:
+        outcomes = run_sweep(args.out, specs, call=call, keep_going=args.keep_going)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; the next call resumes the unfinished run", file=sys.stderr)
+        return 130
+    failed = [o for o in outcomes if o.status == "failed"]
+    ran = [o for o in outcomes if o.status == "finished"]
+    print(
+        f"this call: {len(ran)} runs finished, {len(failed)} failed, {sum(o.status == 'skipped' for o in outcomes)} skipped",
+        file=sys.stderr,
+    )
+    if not args.no_report:
+        _report(args.out)
+    return 1 if failed or len(outcomes) < len(specs) else 0

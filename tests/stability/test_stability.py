@@ -1,0 +1,337 @@
+"""The stability benchmark's grid, skip/resume logic, table and figures, on synthetic run folders (fast).
+
+The launcher is replaced by a fake that writes what run_demo.sh writes (Hydra config, FileLogger
+metrics, verl's checkpoint tracker) for a chosen validation curve; the real trainer runs in
+test_stability_e2e.py.
+"""
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sorl_verl.stability.analysis import area_under_curve, is_collapsed, load_results, write_report
+from sorl_verl.stability.cli import main
+from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
+from sorl_verl.stability.sweep import DONE_MARKER, RUN_RECORD, SweepError, run_status, run_sweep
+
+LOSS = {
+    "grpo": ("vanilla", "grpo"),
+    "so_grpo": ("so_ppo", "grpo"),
+    "ppo": ("vanilla", "gae"),
+    "st_ppo": ("st_ppo", "gae"),
+}
+
+
+# ---------------------------------------------------------------- the grid
+
+
+def test_default_grid_is_every_pressure_method_seed_in_seed_major_order():
+    runs = build_grid()
+    assert len(runs) == len(PRESSURES) * 7 * 3 == 84
+    assert len({r.name for r in runs}) == 84
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed 1's cells first
+    assert runs[0].name == "reuse_1x2__grpo__s1"
+
+
+@pytest.mark.parametrize(
+    "pressure,method,expected",
+    [
+        ("reuse_1x2", "grpo", (8, 4, 16)),  # the demo's: 8 prompts x 8 samples, 2 mini-batches
+        ("reuse_4x4", "so_grpo", (8, 2, 16)),
+        ("reuse_8x8", "gspo", (8, 1, 8)),  # a mini-batch of 8 trajectories: the micro-batch shrinks to fit
+        ("reuse_1x2", "ppo", (64, 32, 16)),  # critic family: 64 prompts x 1 sample
+        ("reuse_8x8", "st_ppo", (64, 8, 8)),
+    ],
+)
+def test_batch_sizes_keep_64_trajectories_and_split_into_mini_batches(pressure, method, expected):
+    spec = RunSpec(PRESSURES[pressure], method, 1)
+    train, mini, micro = spec.batch()
+    assert (train, mini, micro) == expected
+    per_prompt = 8 if method in ("grpo", "so_grpo", "gspo") else 1
+    assert train * per_prompt == 64
+    assert (mini * per_prompt) % micro == 0
+    env = spec.env()
+    assert env["TRAIN_BATCH_SIZE"] == str(train) and env["PPO_MINI_BATCH_SIZE"] == str(mini)
+    assert env["LOG_PROB_MICRO_BATCH_PER_GPU"] == "16"
+    assert (
+        RunSpec(PRESSURES["reuse_1x2"], method, 1, Budget(trajectories=8, group_size=2)).env()[
+            "LOG_PROB_MICRO_BATCH_PER_GPU"
+        ]
+        == "8"
+    )
+    assert f"actor_rollout_ref.actor.ppo_epochs={PRESSURES[pressure].ppo_epochs}" in spec.overrides()
+
+
+def test_pressure_learning_rate_and_budget_extras_reach_the_launcher():
+    budget = Budget(
+        steps=7, env=(("MAX_TURNS", "3"),), overrides=("trainer.test_freq=1",), prepare_args=("--n-val", "32")
+    )
+    spec = RunSpec(PRESSURES["lr_5e-4"], "so_grpo", 2, budget)
+    env = spec.env()
+    assert env["ACTOR_LR"] == "0.0005" and env["STEPS"] == "7" and env["SEED"] == "2" and env["MAX_TURNS"] == "3"
+    assert env["PREPARE_ARGS"] == "--n-val 32"
+    assert spec.overrides()[-1] == "trainer.test_freq=1"  # the user's overrides come last and win
+    assert "ACTOR_LR" not in RunSpec(PRESSURES["reuse_4x4"], "grpo", 1).env()  # the launcher's default
+
+
+def test_prepare_args_follow_what_run_demo_passes():
+    assert prepare_args(3, Budget()) == ["--seed", "3"]
+    budget = Budget(env=(("TOPK", "2"),), prepare_args=("--sft-steps", "50"))
+    assert prepare_args(1, budget) == ["--seed", "1", "--topk", "2", "--sft-steps", "50"]
+    shared = Budget(env=(("PREPARE_SEED", "7"), ("DEMO_MIX", "0.25")))  # one warm start for every RL seed
+    assert prepare_args(3, shared) == ["--seed", "7", "--guess-fraction", "0.25"]
+
+
+def test_grid_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown pressure.*stale_k9"):
+        build_grid(pressures=["stale_k9"])
+    with pytest.raises(ValueError, match="unknown method.*dapo"):
+        build_grid(methods=["dapo"])
+    with pytest.raises(ValueError, match="3 prompts per step do not split into 2 mini-batches"):
+        build_grid(pressures=["reuse_1x2"], methods=["grpo"], seeds=[1], budget=Budget(trajectories=24))
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        Budget(trajectories=20, group_size=8)
+    with pytest.raises(ValueError, match="spaces"):
+        Budget(prepare_args=("--n-val 3",))
+    with pytest.raises(ValueError, match="seeds repeated"):
+        build_grid(seeds=[1, 1])
+
+
+def test_a_new_pressure_is_one_entry():
+    """The stale-rollout axis (issue 10) plugs in as a Pressure with its own overrides."""
+    stale = Pressure(
+        "stale_k2", "rollouts 2 versions old", overrides=("trainer.v1.sampler.max_off_policy_threshold=2",)
+    )
+    (spec,) = build_grid(pressures=["stale_k2"], methods=["grpo"], seeds=[1], registry={"stale_k2": stale})
+    assert spec.name == "stale_k2__grpo__s1"
+    assert "trainer.v1.sampler.max_off_policy_threshold=2" in spec.overrides()
+    with pytest.raises(ValueError, match="pressure name"):
+        Pressure("bad name", "x")
+
+
+# ---------------------------------------------------------------- synthetic runs
+
+
+def warm_start(sweep: Path, seed: int) -> None:
+    """A prepared warm start, so the sweep skips `prepare` (the real one takes minutes)."""
+    warm = sweep / "warm_start" / f"seed-{seed}"
+    for name in ("task", "model"):
+        (warm / name).mkdir(parents=True, exist_ok=True)
+    (warm / "prepare.json").write_text(json.dumps({"config": {"seed": seed}}))
+
+
+def write_fake_run(
+    folder: Path, spec: RunSpec, curve: dict[int, float], clip: float = 0.1, sorl: bool = False, upto=None
+) -> None:
+    """What run_demo.sh leaves in a run folder, for a validation curve ``{step: score}``."""
+    loss, adv = LOSS[spec.method]
+    hydra = folder / ".hydra"
+    hydra.mkdir(parents=True, exist_ok=True)
+    (hydra / "config.yaml").write_text(
+        f"actor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: {loss}\n  model:\n    path: {folder}/model\n"
+        f"algorithm:\n  adv_estimator: {adv}\ntrainer:\n  experiment_name: {spec.name}\n"
+    )
+    last = spec.budget.steps if upto is None else upto
+    with open(folder / f"metrics-{len(list(folder.glob('metrics-*.jsonl'))):04d}.jsonl", "w") as f:
+        for step in range(last + 1):
+            data = {}
+            if step in curve:
+                data["val-core/quickstart/acc/mean@1"] = curve[step]
+            if step:
+                data["actor/pg_clipfrac"] = clip
+                if sorl:
+                    data |= {
+                        "actor/sorl/clipfrac_turn": clip / 2,
+                        "actor/sorl/c_norm": 0.01 * step,
+                        "actor/sorl/norm_scale": 0.9,
+                    }
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    ckpt = folder / "checkpoints"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(last))
+
+
+class FakeLauncher:
+    """Records its calls; writes a run for each, or fails the ones named in ``fail``."""
+
+    def __init__(self, curves=None, fail=(), sorl=()):
+        self.calls: list[str] = []
+        self.curves = curves or {}
+        self.fail = set(fail)
+        self.sorl = set(sorl)
+
+    def __call__(self, spec: RunSpec, folder: Path) -> int:
+        self.calls.append(spec.name)
+        # run_demo.sh's prepare step finds the copied prepare.json; the links point at the warm start
+        assert (folder / "prepare.json").is_file() and (folder / "task").is_symlink()
+        if spec.name in self.fail:
+            write_fake_run(folder, spec, {0: 0.5}, upto=1)  # died after step 1
+            return 1
+        curve = self.curves.get(spec.name, {0: 0.2, 2: 0.3, 4: 0.4})
+        write_fake_run(folder, spec, curve, sorl=spec.method in self.sorl)
+        return 0
+
+
+def small_grid(methods=("grpo", "so_grpo"), seeds=(1,), steps=4):
+    return build_grid(
+        pressures=["reuse_1x2"], methods=list(methods), seeds=list(seeds), budget=Budget(steps=steps, test_freq=2)
+    )
+
+
+def quiet(_line):
+    pass
+
+
+def test_sweep_runs_each_folder_once_and_a_second_call_runs_nothing(tmp_path):
+    specs = small_grid()
+    warm_start(tmp_path, 1)
+    launcher = FakeLauncher()
+    outcomes = run_sweep(tmp_path, specs, launch=launcher, log=quiet)
+    assert [o.status for o in outcomes] == ["finished", "finished"]
+    assert launcher.calls == ["reuse_1x2__grpo__s1", "reuse_1x2__so_grpo__s1"]
+    for spec in specs:
+        folder = tmp_path / "runs" / spec.name
+        assert os.readlink(folder / "model") == os.path.join("..", "..", "warm_start", "seed-1", "model")
+        done = json.loads((folder / DONE_MARKER).read_text())
+        assert done["steps"] == 4 and done["launches"] == 1
+        record = json.loads((folder / RUN_RECORD).read_text())
+        assert record["env"]["SEED"] == "1" and record["launches"][0]["status"] == 0
+    manifest = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["status"] for r in manifest["runs"]] == ["finished", "finished"]
+    assert manifest["grid"]["methods"] == ["grpo", "so_grpo"] and manifest["grid"]["budget"]["steps"] == 4
+
+    again = FakeLauncher()
+    outcomes = run_sweep(tmp_path, specs, launch=again, log=quiet)
+    assert again.calls == [] and [o.status for o in outcomes] == ["skipped", "skipped"]
+
+
+def test_a_failed_run_stops_the_sweep_and_the_next_call_resumes_it(tmp_path):
+    specs = small_grid(methods=("grpo", "so_grpo", "ppo"))
+    warm_start(tmp_path, 1)
+    failing = FakeLauncher(fail={"reuse_1x2__so_grpo__s1"})
+    outcomes = run_sweep(tmp_path, specs, launch=failing, log=quiet)
+    assert [o.status for o in outcomes] == ["finished", "failed"]  # stopped before ppo
+    assert run_status(tmp_path, specs[1]) == "partial" and run_status(tmp_path, specs[2]) == "new"
+
+    lines = []
+    resumed = FakeLauncher()
+    run_sweep(tmp_path, specs, launch=resumed, log=lines.append)
+    assert resumed.calls == ["reuse_1x2__so_grpo__s1", "reuse_1x2__ppo__s1"]
+    assert any("resume from step 1" in line for line in lines)
+    assert any("ETA" in line for line in lines)  # after one finished run, the next start has an ETA
+    record = json.loads((tmp_path / "runs" / specs[1].name / RUN_RECORD).read_text())
+    assert [launch["status"] for launch in record["launches"]] == [1, 0]
+    assert json.loads((tmp_path / "runs" / specs[1].name / DONE_MARKER).read_text())["launches"] == 2
+
+
+def test_keep_going_tries_every_run(tmp_path):
+    specs = small_grid(methods=("grpo", "so_grpo", "ppo"))
+    warm_start(tmp_path, 1)
+    launcher = FakeLauncher(fail={"reuse_1x2__grpo__s1", "reuse_1x2__so_grpo__s1"})
+    outcomes = run_sweep(tmp_path, specs, launch=launcher, log=quiet, keep_going=True)
+    assert [o.status for o in outcomes] == ["failed", "failed", "finished"]
+
+
+def test_a_run_whose_trainer_finished_is_not_trained_again(tmp_path):
+    """Killed after the last checkpoint but before the marker: only the report is redone."""
+    (spec,) = small_grid(methods=("grpo",))
+    warm_start(tmp_path, 1)
+    folder = tmp_path / "runs" / spec.name
+    folder.mkdir(parents=True)
+    (folder / RUN_RECORD).write_text(json.dumps({**spec.record(), "launches": []}))
+    write_fake_run(folder, spec, {0: 0.2, 4: 0.3})
+    launcher = FakeLauncher()
+    (outcome,) = run_sweep(tmp_path, [spec], launch=launcher, log=quiet)
+    assert launcher.calls == [] and outcome.status == "finished"
+    assert (folder / DONE_MARKER).is_file()
+
+
+def test_a_run_started_with_other_settings_is_refused(tmp_path):
+    warm_start(tmp_path, 1)
+    run_sweep(
+        tmp_path, small_grid(methods=("grpo",), steps=4), launch=FakeLauncher(fail={"reuse_1x2__grpo__s1"}), log=quiet
+    )
+    launcher = FakeLauncher()
+    with pytest.raises(SweepError, match=r"reuse_1x2__grpo__s1: this run was started with other settings \(env: "):
+        run_sweep(tmp_path, small_grid(methods=("grpo",), steps=6), launch=launcher, log=quiet)
+    assert launcher.calls == []  # refused before anything ran
+
+
+# ---------------------------------------------------------------- table and figures
+
+
+def test_figures_of_merit():
+    assert area_under_curve([0, 2, 4], [0.2, 0.4, 0.4]) == pytest.approx((2 * 0.3 + 2 * 0.4) / 4)  # trapezoids / span
+    assert area_under_curve([5], [0.3]) == 0.3
+    assert is_collapsed(warm=0.4, peak=0.4, final=0.25)  # exactly 0.15 below the warm start
+    assert not is_collapsed(warm=0.4, peak=0.4, final=0.26)
+    assert is_collapsed(warm=0.1, peak=0.6, final=0.29)  # below half the peak
+    assert not is_collapsed(warm=0.1, peak=0.6, final=0.3)
+
+
+def test_report_table_and_figures(tmp_path):
+    specs = small_grid(methods=("grpo", "st_ppo"), seeds=(1, 2))
+    for seed in (1, 2):
+        warm_start(tmp_path, seed)
+    curves = {
+        "reuse_1x2__grpo__s1": {0: 0.4, 2: 0.5, 4: 0.1},  # collapsed
+        "reuse_1x2__grpo__s2": {0: 0.4, 2: 0.5, 4: 0.4},
+        "reuse_1x2__st_ppo__s1": {0: 0.4, 2: 0.6, 4: 0.6},
+        "reuse_1x2__st_ppo__s2": {0: 0.4, 2: 0.6, 4: 0.8},
+    }
+    run_sweep(tmp_path, specs, launch=FakeLauncher(curves=curves, sorl={"st_ppo"}), log=quiet)
+    # an unfinished run in the folder is left out, with a note
+    extra = build_grid(pressures=["reuse_4x4"], methods=["grpo"], seeds=[1], budget=specs[0].budget)
+    run_sweep(tmp_path, extra, launch=FakeLauncher(fail={extra[0].name}), log=quiet)
+
+    results, notes = load_results(tmp_path)
+    assert [r.name for r in results] == [
+        "reuse_1x2__grpo__s1",
+        "reuse_1x2__grpo__s2",
+        "reuse_1x2__st_ppo__s1",
+        "reuse_1x2__st_ppo__s2",
+    ]
+    assert notes == ["reuse_4x4__grpo__s1: not finished, left out"]
+    first = results[0]
+    assert (first.warm, first.peak, first.final, first.collapsed) == (0.4, 0.5, 0.1, True)
+    assert first.label == "GRPO" and first.clip["Token clip"] == pytest.approx(0.1) and first.clip["Turn clip"] is None
+
+    info = write_report(tmp_path)
+    assert info["runs"] == 4 and info["cells"] == 2
+    table = (tmp_path / "stability.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| reuse")]
+    assert rows[0].split(" | ")[1:3] == ["GRPO", "2"]
+    assert "| 0.250 ± 0.212 |" in rows[0] and "| 1/2 |" in rows[0]  # final: mean and std of 0.1, 0.4
+    assert rows[1].split(" | ")[1] == "ST-PPO" and "| 0/2 |" in rows[1] and "0.050" in rows[1]  # turn clip logged
+    assert rows[0].endswith("| - |")  # GRPO logs no turn clip fraction
+    cells = list(csv.DictReader(io.StringIO((tmp_path / "stability.csv").read_text())))
+    assert cells[1]["algo"] == "st_ppo" and float(cells[1]["final_mean"]) == pytest.approx(0.7)
+    assert cells[0]["collapsed"] == "1" and cells[0]["turn_clip_mean"] == ""
+    per_run = list(csv.DictReader(io.StringIO((tmp_path / "stability_runs.csv").read_text())))
+    assert per_run[0]["curve"] == "0:0.4000 2:0.5000 4:0.1000"
+    for name in ("validation.png", "diagnostics.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert info["diagnostics"] == [
+        "actor/sorl/c_norm",
+        "actor/sorl/norm_scale",
+        "actor/pg_clipfrac",
+        "actor/sorl/clipfrac_turn",
+    ]
+
+
+def test_cli_dry_run_and_report_errors(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["run", "--out", str(out), "--quick", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    n = len(QUICK["pressures"]) * len(QUICK["methods"]) * len(QUICK["seeds"])
+    first = f"{QUICK['pressures'][0]}__{QUICK['methods'][0]}__s{QUICK['seeds'][0]}"
+    assert f"[1/{n}] {first}: new" in text and f"[{n}/{n}]" in text and f"[{n + 1}/" not in text
+    assert "warm starts to prepare: seed 1" in text and "run_demo.sh grpo --out" in text
+    assert not out.exists()  # a dry run writes nothing
+    assert main(["report", "--out", str(out)]) == 2
+    assert main(["run", "--out", str(out), "--methods", "grpo", "--trajectories", "24", "--dry-run"]) == 2
