@@ -176,7 +176,9 @@ class HFRolloutServer:
     async def _run_batches(self):
         while self._pending:
             await asyncio.sleep(BATCH_WINDOW_S)  # let concurrent agent-loop calls join this batch
-            batch, self._pending = self._pending, []
+            # at most rollout.max_num_seqs sequences per batch (as vLLM), first come first served
+            limit = int(getattr(self.config, "max_num_seqs", 0) or 0) or len(self._pending)
+            batch, self._pending = self._pending[:limit], self._pending[limit:]
             try:
                 async with self._model_lock:
                     version = self.global_steps  # weights cannot change while the lock is held

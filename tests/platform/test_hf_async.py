@@ -190,6 +190,28 @@ def test_adapter_finds_a_suffixed_server(monkeypatch):
     monkeypatch.setattr(hf_rollout.ray, "get_actor", lambda name: looked_up.append(name) or object())
     # what verl's CheckpointEngineWorker does with these arguments
     extra = {k: v for k, v in init.kwargs.items() if k not in ("rollout_config", "model_config")}
-    adapter = hf_rollout.HFServerAdapter(config=init.kwargs["rollout_config"], model_config=None, device_mesh=None, **extra)
+    adapter = hf_rollout.HFServerAdapter(
+        config=init.kwargs["rollout_config"], model_config=None, device_mesh=None, **extra
+    )
     adapter._server_handle()
     assert looked_up == [hf_rollout.server_actor_name(1, "_teacher")] == ["sorl_hf_server_1_teacher"]
+
+
+def test_batches_hold_at_most_max_num_seqs_first_come_first_served(tiny_path, monkeypatch):
+    from sorl_verl.platform import hf_rollout
+
+    server = make_server(tiny_path)
+    server.config.max_num_seqs = 2
+    sizes, real = [], hf_rollout.generate_batch
+    monkeypatch.setattr(
+        hf_rollout, "generate_batch", lambda model, tok, reqs, *a: sizes.append(len(reqs)) or real(model, tok, reqs, *a)
+    )
+
+    async def scenario():
+        return await asyncio.gather(
+            *[server.generate([5, 6, i + 7], dict(PARAMS, max_tokens=2), request_id=str(i)) for i in range(5)]
+        )
+
+    outputs = asyncio.run(scenario())
+    assert sizes == [2, 2, 1]
+    assert all(len(o.token_ids) == 2 for o in outputs)
