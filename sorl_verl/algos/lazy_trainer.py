@@ -24,6 +24,7 @@ def _import_our_trainer(_trainer_package) -> None:
     # trainers (the user may not want sorl_sync); selecting sorl_sync then fails with verl's
     # "Unknown trainer".
     importlib.import_module(_OUR_TRAINER)
+    importlib.import_module("sorl_verl.algos.async_trainers")  # sorl_colocate_async, sorl_separate_async
 
 
 def install() -> None:
