@@ -19,7 +19,9 @@ from sorl_verl.tables.runs import Run
 # actor/pg_clipfrac, actor/grad_norm and actor/ppo_kl; the actor/sorl/* names are those of
 # sorl_verl.algos' diagnostics.
 STABILITY_PANELS: list[tuple[str, list[str]]] = [
-    ("Clipping-bias norm C", [r"actor/sorl/c_norm"]),
+    # c_tok: per-token RMS of the clipped tokens' ratio x advantage (sorl_verl.algos.correction);
+    # c_norm: its name before the batch-level correction (older runs)
+    ("Clipping-bias norm C", [r"actor/sorl/c_tok", r"actor/sorl/c_norm"]),
     ("Normalization scale s", [r"actor/sorl/norm_scale"]),
     ("Token clip fraction", [r"actor/pg_clipfrac"]),
     ("Turn clip fraction", [r"actor/sorl/clipfrac_turn"]),
