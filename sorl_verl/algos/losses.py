@@ -110,13 +110,14 @@ def aggregation_weights(
     batch_num_tokens: int | None = None,
     global_batch_size: int | None = None,
     loss_scale_factor: int | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Per-row weight ``c`` that verl's ``agg_loss`` gives each masked token: ``(batch,)`` float32.
+    """Per-row weight ``c`` that verl's ``agg_loss`` gives each masked token: ``(batch,)`` of ``dtype``.
 
     ``agg_loss(loss_mat, mask, mode, **global_batch_info) == sum_t c_row(t) * loss_mat_t * mask_t``
     (tested against verl). Divisions are guarded: an empty batch gives finite weights.
     """
-    row_tokens = response_mask.sum(dim=-1, dtype=torch.float32)
+    row_tokens = response_mask.sum(dim=-1, dtype=dtype)
     if loss_agg_mode == "token-mean":
         total = row_tokens.sum() if batch_num_tokens is None else row_tokens.new_tensor(float(batch_num_tokens))
         return (dp_size / total.clamp(min=1.0)).expand_as(row_tokens)
@@ -248,7 +249,7 @@ def _correction(
 
 def _correction_no_grad(ratio, adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts, in_update):
     counts = {key: global_batch_info[key] for key in _AGG_COUNT_KEYS if key in global_batch_info}
-    row_weights = aggregation_weights(mask, loss_agg_mode, **counts).to(ratio.dtype)  # (batch,)
+    row_weights = aggregation_weights(mask, loss_agg_mode, **counts, dtype=ratio.dtype)  # (batch,)
     row_tokens = mask.sum(dim=-1).to(ratio.dtype)
     batch_tokens = float(global_batch_info.get("batch_num_tokens") or row_tokens.sum().item())
     omega = row_weights * (batch_tokens / float(counts.get("dp_size", 1)))  # 1 for token-mean
