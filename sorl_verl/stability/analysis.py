@@ -53,6 +53,7 @@ class RunResult:
     collapsed: bool
     clip: dict[str, float | None] = field(default_factory=dict)  # CLIP_COLUMNS -> mean over steps
     run: Run | None = None
+    pressure_title: str = ""  # figure panel title, from the run's recorded pressure
 
 
 def area_under_curve(steps: list[int], scores: list[float]) -> float:
@@ -124,12 +125,24 @@ def load_results(sweep_dir: Path) -> tuple[list[RunResult], list[str]]:
     results = []
     for run, record in found:
         result = run_result(run, record["pressure"]["name"], record["method"], int(record["seed"]), clip_metrics)
+        if result is not None:
+            result.pressure_title = pressure_title(record["pressure"])
         if result is None:
             notes.append(f"{run.path.name}: no validation score, left out")
         else:
             results.append(result)
     results.sort(key=lambda r: (_pressure_order(r.pressure), _method_order(r.method), r.seed))
     return results, notes
+
+
+def pressure_title(pressure: dict) -> str:
+    """``reuse_4x4\n4 epochs x 4 mini-batches`` (+ ``, lr 5e-4``, ``+ N overrides``) from a recorded Pressure."""
+    text = f"{pressure['name']}\n{pressure['ppo_epochs']} epochs x {pressure['mini_batches']} mini-batches"
+    if pressure.get("actor_lr") is not None:
+        text += f", lr {pressure['actor_lr']:g}"
+    if pressure.get("overrides"):
+        text += f", + {len(pressure['overrides'])} overrides"
+    return text
 
 
 def _pressure_order(name: str) -> tuple[int, str]:
@@ -328,16 +341,20 @@ def _by_pressure_method(results: list[RunResult]) -> dict[str, dict[str, list[Ru
     return out
 
 
-def _legend(fig, axes) -> None:
-    handles, labels = [], []
+def _legend(fig, axes, results: list[RunResult]) -> None:
+    """One legend for the figure, methods in table order, below the panels."""
+    order = {r.label: _method_order(r.method) for r in results}
+    found: dict[str, object] = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), fontsize=9, frameon=False)
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
+            found.setdefault(label, h)
+    labels = sorted(found, key=lambda label: order.get(label, (len(METHODS), label)))
+    if labels:
+        height = fig.get_figheight()
+        fig.legend(
+            [found[k] for k in labels], labels, loc="lower center", ncol=min(7, len(labels)), fontsize=9, frameon=False
+        )
+        fig.tight_layout(rect=(0, min(0.4, 0.45 / height), 1, 1))  # ~0.45 inch for the legend
     else:
         fig.tight_layout()
 
@@ -361,14 +378,13 @@ def plot_validation(results: list[RunResult], out: Path) -> int:
                     alpha=0.15,
                     linewidth=0,
                 )
-        desc = PRESSURES[pressure].description if pressure in PRESSURES else ""
-        ax.set_title(f"{pressure}\n{desc}", fontsize=9)
+        ax.set_title(next(iter(by_method.values()))[0].pressure_title or pressure, fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("validation score")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(grouped) :]:
         ax.axis("off")
-    _legend(fig, axes)
+    _legend(fig, axes, results)
     _save(fig, out)
     return len(grouped)
 
@@ -394,13 +410,13 @@ def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
                 if xs:
                     ax.plot(xs, mean, linewidth=1.3, color=colors[method], label=rs[0].label)
             if i == 0:
-                ax.set_title(pressure, fontsize=10)
+                ax.set_title(next(iter(grouped[pressure].values()))[0].pressure_title or pressure, fontsize=9)
             if j == 0:
                 ax.set_ylabel(f"{title}\n({metric})", fontsize=8)
             if i == len(rows) - 1:
                 ax.set_xlabel("training step")
             ax.grid(alpha=0.3)
-    _legend(fig, axes)
+    _legend(fig, axes, results)
     _save(fig, out)
     return [metric for _, metric in rows]
 

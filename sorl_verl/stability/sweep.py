@@ -296,12 +296,17 @@ def run_sweep(
         if record is None:
             record = {**spec.record(), "launches": []}
         resume_at = checkpoint_step(folder)
+        trained = resume_at >= spec.budget.steps and final_step_logged(folder, spec.budget.steps)
         left = len([s for s in specs[i - 1 :] if run_status(sweep_dir, s) != "finished"])
         eta = f", ETA {_fmt_minutes(sum(spent) / len(spent) * left)} for {left} runs" if spent else ""
-        log(f"{head}: start{f' (resume from step {resume_at})' if resume_at else ''}{eta}")
+        if trained:
+            note = f" (trained to step {resume_at} earlier: report only)"
+        else:
+            note = f" (resume from step {resume_at})" if resume_at else ""
+        log(f"{head}: start{note}{eta}")
 
         started = time.time()
-        if resume_at >= spec.budget.steps and final_step_logged(folder, spec.budget.steps):
+        if trained:
             finish_report(spec, folder)  # trainer done, killed before the end: only the report was missing
             rc = 0
         else:
