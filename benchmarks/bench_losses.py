@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
 import sorl_verl.algos  # noqa: F401  (registers the losses even without the entry point)
+from sorl_verl.algos.correction import batch_correction
 
 TARGET = 1.3
 
@@ -60,16 +61,18 @@ def fwd_bwd(loss_mode: str, batch) -> float:
     config = actor_config(loss_mode)
     loss_fn = get_policy_loss_fn(loss_mode)
     start = time.perf_counter()
-    loss, _ = loss_fn(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        loss_agg_mode="token-mean",
-        config=config,
-        rollout_is_weights=None,
-    )
-    loss.backward()
+    with batch_correction() as corr:  # what verl's engine hook opens per mini-batch
+        loss, _ = loss_fn(
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            loss_agg_mode="token-mean",
+            config=config,
+            rollout_is_weights=None,
+        )
+        loss.backward()
+        corr.finalize()  # the batch scale (the default scope), as before the optimizer step
     return time.perf_counter() - start
 
 

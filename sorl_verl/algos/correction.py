@@ -74,6 +74,7 @@ __all__ = [
     "active_correction",
     "batch_correction",
     "correction_scale",
+    "exact_norms",
     "install",
 ]
 
@@ -299,6 +300,29 @@ def batch_correction(optimizer: torch.optim.Optimizer | None = None, group=None)
     """Open a :class:`BatchCorrection` for one mini-batch (what the verl hook does per step)."""
     with BatchCorrection(optimizer, group) as corr:
         yield corr
+
+
+def exact_norms(removed: torch.Tensor, kept: torch.Tensor, params) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parameter-space norms ``(||grad removed||, ||grad kept||)``: the exact-mode ablation.
+
+    ``removed`` and ``kept`` come from :func:`sorl_verl.algos.losses.clip_surrogates`; each costs
+    one more backward pass over the model (the graph is retained for the update's own backward).
+    Plain (unsharded) parameters only: verl's FSDP engines shard them, so the trainer uses the
+    token-space norms and this function serves benchmarks and ablations
+    (``benchmarks/bench_update.py`` measures its cost and its agreement with the token-space rule).
+    Summed over micro-batches, the per-micro-batch gradients must be added before the norm is
+    taken; for one micro-batch the norms are exact.
+    """
+    params = [p for p in params if p.requires_grad]
+    norms = []
+    for surrogate in (removed, kept):
+        if not surrogate.requires_grad:
+            norms.append(surrogate.new_zeros(()))
+            continue
+        grads = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
+        squares = [g.double().square().sum() for g in grads if g is not None]
+        norms.append(torch.stack(squares).sum().sqrt() if squares else surrogate.new_zeros((), dtype=torch.float64))
+    return norms[0], norms[1]
 
 
 def _wrap_train_batch(original):

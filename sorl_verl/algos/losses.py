@@ -42,6 +42,7 @@ __all__ = [
     "compute_policy_loss_st_ppo",
     "compute_policy_loss_turn_ppo",
     "clip_bounds",
+    "clip_surrogates",
     "importance_log_ratio",
     "sorl_policy_loss",
 ]
@@ -202,6 +203,39 @@ def sorl_policy_loss(
     metrics = _diagnostics(segments, turn_log_ratio_sum.detach(), clip)
     metrics.update(scale_metrics)
     return loss, metrics
+
+
+def clip_surrogates(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    options: SorlLossOptions,
+    global_batch_info: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``(removed, kept)``: the importance-sampled surrogate ``-w A`` summed with
+    verl's aggregation weights over the clipped tokens and over the kept ones.
+
+    ``grad removed`` is the clipping-bias term ``C(theta)`` in parameter space (what the clip
+    threw away) and ``grad kept`` the policy gradient the clip kept: the exact-mode ablation
+    (:func:`sorl_verl.algos.correction.exact_norms`) backpropagates each once more.
+    """
+    info = global_batch_info or {}
+    mask = response_mask.bool()
+    segments = segment_turns(mask)
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    token_log_ratio = log_prob.to(dtype) - old_log_prob.to(dtype)
+    log_w = importance_log_ratio(token_log_ratio, segments.segment_sum(token_log_ratio), options.ratio_level, segments)
+    ratio = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    adv = advantages.to(dtype)
+    lower, upper = clip_bounds(adv, options)
+    clip = _clip_masks(ratio.detach(), adv, lower, upper, mask)
+    surrogate = -adv * ratio
+    return tuple(
+        agg_loss(loss_mat=surrogate * clip[which], loss_mask=mask, loss_agg_mode=loss_agg_mode, **info)
+        for which in ("clipped", "kept")
+    )
 
 
 def _global_batch_info(config: Any) -> dict:
