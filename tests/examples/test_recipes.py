@@ -99,8 +99,9 @@ def test_every_override_exists_in_verl_config(recipe, tmp_path):
         assert cfg.reward.custom_reward_function.name == "compute_score"
         if critic:
             assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
-        if adv == "turn_gae":
-            assert cfg.critic.enable is True and cfg.trainer.v1.trainer_mode == "sorl_sync"
+        if adv == "turn_gae":  # the math recipe is asynchronous by default (ASYNC=0: sorl_sync)
+            expected_mode = "sorl_colocate_async" if recipe.parent.name == "math" else "sorl_sync"
+            assert cfg.critic.enable is True and cfg.trainer.v1.trainer_mode == expected_mode
         if adv == "grpo":
             assert cfg.actor_rollout_ref.rollout.n > 1 and cfg.actor_rollout_ref.actor.use_kl_loss
         if loss_mode == "gspo":  # the GSPO paper's clip range and sequence-mean loss win over the shared ones
@@ -126,6 +127,23 @@ def test_paper_hyperparameters(recipe, tmp_path):
     assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
     assert cfg.data.train_batch_size >= actor.ppo_mini_batch_size
     assert cfg.data.train_batch_size % actor.ppo_mini_batch_size == 0
+
+
+def test_math_recipe_is_asynchronous_unless_async_0(tmp_path):
+    _, commands = dry_run(EXAMPLES / "math" / "train.sh", tmp_path, ALGO="st_ppo_turn_gae", MAX_OFF_POLICY="2")
+    cfg = compose(trainer_overrides(commands))
+    assert cfg.trainer.v1.trainer_mode == "sorl_colocate_async"
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold == 2
+    assert cfg.trainer.v1.colocate_async.num_warmup_batches == 1
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    _, commands = dry_run(EXAMPLES / "math" / "train.sh", tmp_path, ALGO="so_grpo", ASYNC="0")
+    cfg = compose(trainer_overrides(commands))
+    assert cfg.trainer.v1.trainer_mode == "sync" and cfg.algorithm.rollout_correction.bypass_mode is False
+    done = subprocess.run(
+        ["bash", str(EXAMPLES / "math" / "train.sh")], env={**os.environ, "SORL_DRY_RUN": "1", "ASYNC": "2"},
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert done.returncode != 0 and "ASYNC=2" in done.stderr
 
 
 def test_search_r1_defaults_and_agent_config(tmp_path):
