@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,10 +159,34 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+# Variables the launcher reads that the sweep never inherits from the caller's shell: an
+# exported ACTOR_LR or STEPS would otherwise change some runs' budget unseen. Give them with --env.
+_KEEP = {"PYTHON", "RAY_AUTH_MODE"}
+_KNOB = re.compile(r"\$\{([A-Z_][A-Z0-9_]*):-")
+
+
+def launcher_knobs() -> set[str]:
+    """Names of the variables run_demo.sh and common.sh read with a default (``${NAME:-...}``)."""
+    names: set[str] = set()
+    for script in (LAUNCHER, LAUNCHER.parents[1] / "common.sh"):
+        names.update(_KNOB.findall(script.read_text(encoding="utf-8")))
+    return names - _KEEP
+
+
+def launch_env(spec: RunSpec, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """The launcher's environment for ``spec`` and the inherited knobs it dropped."""
+    base = dict(os.environ if base is None else base)
+    dropped = sorted(k for k in launcher_knobs() if k in base)
+    for name in dropped:
+        del base[name]
+    env = {**base, **spec.env(), "RAY_AUTH_MODE": base.get("RAY_AUTH_MODE", "disabled")}
+    env.setdefault("PYTHON", sys.executable)
+    return env, dropped
+
+
 def launch_run(spec: RunSpec, folder: Path) -> int:
     """Run ``run_demo.sh`` for ``spec`` into ``folder``; its output is appended to ``stability.log``."""
-    env = {**os.environ, **spec.env(), "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    env.setdefault("PYTHON", sys.executable)
+    env, _ = launch_env(spec)
     with open(folder / RUN_LOG, "a", encoding="utf-8") as log:
         log.write(f"\n===== launch {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(launch_command(spec, folder))}\n")
         log.flush()
@@ -279,6 +304,12 @@ def run_sweep(
     write_manifest(sweep_dir, specs, call or {})
     todo = [s for s in specs if run_status(sweep_dir, s) != "finished"]
     log(f"sweep {sweep_dir}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to run")
+    if todo and launch is launch_run:
+        dropped = launch_env(todo[0])[1]
+        if dropped:
+            log(
+                f"note: ignoring {', '.join(dropped)} from the environment (same budget for every run; use --env NAME=VALUE)"
+            )
 
     outcomes: list[Outcome] = []
     spent: list[float] = []  # wall seconds of the runs finished in this call (the ETA's basis)
@@ -306,21 +337,19 @@ def run_sweep(
         log(f"{head}: start{note}{eta}")
 
         started = time.time()
-        if trained:
-            finish_report(spec, folder)  # trainer done, killed before the end: only the report was missing
-            rc = 0
-        else:
-            _write_json(folder / RUN_RECORD, record)  # before the launch: the folder is now this run's
-            rc = launch(spec, folder)
-        seconds = time.time() - started
-        record["launches"].append(
-            {
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-                "seconds": round(seconds, 1),
-                "status": rc,
-            }
-        )
-        _write_json(folder / RUN_RECORD, record)
+        rc: int | str = "interrupted"
+        try:
+            if trained:
+                finish_report(spec, folder)  # trainer done, killed before the end: only the report was missing
+                rc = 0
+            else:
+                _write_json(folder / RUN_RECORD, record)  # before the launch: the folder is now this run's
+                rc = launch(spec, folder)
+        finally:  # an interrupted launch counts in the run's wall time too
+            seconds = time.time() - started
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started))
+            record["launches"].append({"started": stamp, "seconds": round(seconds, 1), "status": rc})
+            _write_json(folder / RUN_RECORD, record)
 
         complete = rc == 0 and final_step_logged(folder, spec.budget.steps)
         if complete:

@@ -16,7 +16,15 @@ import pytest
 from sorl_verl.stability.analysis import area_under_curve, is_collapsed, load_results, write_report
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
-from sorl_verl.stability.sweep import DONE_MARKER, RUN_RECORD, SweepError, run_status, run_sweep
+from sorl_verl.stability.sweep import (
+    DONE_MARKER,
+    RUN_RECORD,
+    SweepError,
+    launch_env,
+    launcher_knobs,
+    run_status,
+    run_sweep,
+)
 
 LOSS = {
     "grpo": ("vanilla", "grpo"),
@@ -335,3 +343,30 @@ def test_cli_dry_run_and_report_errors(tmp_path, capsys):
     assert not out.exists()  # a dry run writes nothing
     assert main(["report", "--out", str(out)]) == 2
     assert main(["run", "--out", str(out), "--methods", "grpo", "--trajectories", "24", "--dry-run"]) == 2
+
+
+def test_launcher_knobs_from_the_shell_never_change_a_run():
+    spec = RunSpec(PRESSURES["reuse_1x2"], "grpo", 1)
+    env, dropped = launch_env(spec, {"ACTOR_LR": "1", "STEPS": "99", "DEMO_MIX": "0.9", "HOME": "/h", "PYTHON": "/py"})
+    assert dropped == ["ACTOR_LR", "DEMO_MIX", "STEPS"]
+    assert "ACTOR_LR" not in env and "DEMO_MIX" not in env and env["STEPS"] == "20"
+    assert env["HOME"] == "/h" and env["PYTHON"] == "/py" and env["RAY_AUTH_MODE"] == "disabled"
+    assert {"TRAIN_BATCH_SIZE", "SEED", "MAX_TURNS"} <= launcher_knobs()  # read from run_demo.sh / common.sh
+
+
+def test_an_interrupted_launch_is_recorded_and_resumed(tmp_path):
+    (spec,) = small_grid(methods=("grpo",))
+    warm_start(tmp_path, 1)
+
+    def interrupted(spec, folder):
+        write_fake_run(folder, spec, {0: 0.5}, upto=1)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(tmp_path, [spec], launch=interrupted, log=quiet)
+    record = json.loads((tmp_path / "runs" / spec.name / RUN_RECORD).read_text())
+    assert [launch["status"] for launch in record["launches"]] == ["interrupted"]
+    assert run_status(tmp_path, spec) == "partial"
+    launcher = FakeLauncher()
+    run_sweep(tmp_path, [spec], launch=launcher, log=quiet)
+    assert launcher.calls == [spec.name] and run_status(tmp_path, spec) == "finished"
