@@ -61,8 +61,10 @@ case "$ALGO" in
   grpo | so_grpo) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-8}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-4}" ;;
   *) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-32}" ;;
 esac
-MICRO_BATCH_PER_GPU="${MICRO_BATCH_PER_GPU:-16}"
-LOG_PROB_MICRO_BATCH_PER_GPU="${LOG_PROB_MICRO_BATCH_PER_GPU:-16}"
+# One micro-batch per mini-batch and one log-prob pass per step: on CPU each extra micro-batch
+# is mostly fixed overhead (the model is 0.54M parameters; the batch fits many times over).
+MICRO_BATCH_PER_GPU="${MICRO_BATCH_PER_GPU:-32}"
+LOG_PROB_MICRO_BATCH_PER_GPU="${LOG_PROB_MICRO_BATCH_PER_GPU:-64}"
 GROUP_SIZE="${GROUP_SIZE:-8}"
 ACTOR_LR="${ACTOR_LR:-1e-4}"
 CRITIC_LR="${CRITIC_LR:-1e-3}"
@@ -73,7 +75,12 @@ MAX_TURNS="${MAX_TURNS:-2}"
 TOPK="${TOPK:-1}"
 MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-64}"
 MAX_TOKENS_PER_TURN="${MAX_TOKENS_PER_TURN:-32}"
-MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-128}"
+# measured with the default task: prompts are 88 tokens; a searching trajectory is ~70 response
+# tokens (22 + a 31-token observation + 15 + eos). verl pads every row to prompt + response
+# length, so these bounds are the cost of every log-prob and update pass: 96 + 160 (room for
+# two searches) instead of common.sh's 2048 / computed 256.
+MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-96}"
+MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-160}"
 # SEED seeds everything random in a run: the task and the SFT warm start (prepare --seed; PREPARE_SEED
 # overrides it for the warm start alone, e.g. to reuse one warm start across RL seeds), verl's
 # data shuffle (data.seed; verl's default null shuffles unseeded), the actor/critic engines and
@@ -114,17 +121,22 @@ trap on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
+# Long steps run in the background, then `wait`: a trapped signal interrupts `wait` at once,
+# while bash would delay the trap until a foreground command ends by itself.
+interruptible() {
+  "$@" &
+  wait $!
+}
 
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
-"$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
+interruptible "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
   --guess-fraction "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
 
 echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
-# In the background, then `wait`: a trapped signal interrupts `wait` at once, while a
-# foreground pipeline would delay the trap until the trainer ends by itself.
+# the trainer pipeline, in the background for the same reason as `interruptible`
 set +e
 sorl_launch \
   "data.train_files=$RUN_DIR/task/train.parquet" \

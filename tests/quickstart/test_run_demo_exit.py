@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason=
 
 WRAPPER = """#!/usr/bin/env bash
 case " $* " in
-  *" sorl_verl.quickstart prepare "*) echo '{}'; exit 0 ;;
+  *" sorl_verl.quickstart prepare "*)
+    if [[ -n "${FAKE_PREPARE_SLEEP:-}" ]]; then echo "prepare $$" >>"$FAKE_LOG"; exec sleep 300; fi
+    echo '{}'; exit 0 ;;
   *" verl.trainer.main_ppo "*)
     (setsid sleep 300 </dev/null >/dev/null 2>&1 & echo "daemon $!" >>"$FAKE_LOG")  # orphaned at once, like a daemon
     echo "trainer $$" >>"$FAKE_LOG"
@@ -50,13 +52,13 @@ def _wait_for(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+def _start(tmp_path: Path, lines: int = 2, **extra_env: str) -> tuple[subprocess.Popen, Path, Path]:
     wrapper = tmp_path / "python"
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
     log = tmp_path / "fake.log"
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHON": str(wrapper), "REAL_PYTHON": sys.executable, "FAKE_LOG": str(log)}
+    env = {**os.environ, "PYTHON": str(wrapper), "REAL_PYTHON": sys.executable, "FAKE_LOG": str(log), **extra_env}
     env.pop("RAY_TMPDIR", None)
     launcher = subprocess.Popen(
         ["bash", str(DEMO), "grpo", "--out", str(run_dir)],
@@ -65,7 +67,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    assert _wait_for(lambda: log.is_file() and len(log.read_text().splitlines()) == 2, 120), "stand-in trainer never started"
+    assert _wait_for(lambda: log.is_file() and len(log.read_text().splitlines()) == lines, 120), "stand-in never started"
     return launcher, run_dir, log
 
 
@@ -113,6 +115,23 @@ def test_cleanup_after_sigkill_of_the_launcher(tmp_path):
         assert "stopped 1 process(es)" in done.stdout and "removed" in done.stdout
         assert _wait_for(lambda: not _alive(pids["daemon"]), 10)
         assert '"how": "cleanup after kill"' in (run_dir / "launches.jsonl").read_text()
+    finally:
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_sigterm_during_prepare_exits_at_once(tmp_path):
+    launcher, run_dir, log = _start(tmp_path, lines=1, FAKE_PREPARE_SLEEP="1")
+    pids = _pids(log)
+    try:
+        started = time.time()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 143
+        assert time.time() - started < 30  # not after prepare's 300 s
+        assert _wait_for(lambda: not _alive(pids["prepare"]), 20)
+        assert '"how": "exit"' in (run_dir / "launches.jsonl").read_text()
     finally:
         for pid in pids.values():
             if _alive(pid):
