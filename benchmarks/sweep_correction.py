@@ -1,7 +1,7 @@
 """Synthetic sweep: clip fraction vs the clipping-bias correction's scale, for each mode and scope.
 
     python benchmarks/sweep_correction.py            # markdown table on stdout
-    python benchmarks/sweep_correction.py --csv out.csv
+    python benchmarks/sweep_correction.py --csv out.csv --plot out.png
 
 Batches of 64 trajectories x 4 assistant turns (10-40 tokens each, observation gaps between
 them), with GRPO-style advantages (one standardized value per trajectory, groups of 8, binary
@@ -77,8 +77,9 @@ def measure(mask, base, adv, lam: float, ratio_level: str, variant) -> tuple[flo
     return frac, scale
 
 
-def sweep(seeds: int = 3) -> list[dict]:
-    rows = []
+def sweep(seeds: int = 3) -> tuple[list[dict], dict]:
+    """Binned table rows, and every measured point per (advantages, ratio level) for the plot."""
+    rows, raw = [], {}
     for advantages in ("grpo", "gae"):
         for ratio_level in ("token", "turn"):
             points = []  # (frac, [scale per variant])
@@ -88,6 +89,7 @@ def sweep(seeds: int = 3) -> list[dict]:
                 for lam in torch.logspace(-2.5, 0, 40).tolist():
                     results = [measure(mask, base, adv, lam, ratio_level, v) for v in VARIANTS]
                     points.append((results[0][0], [s for _, s in results]))
+            raw[advantages, ratio_level] = points
             for lo, hi in zip(BINS[:-1], BINS[1:], strict=True):
                 inside = [s for f, s in points if lo <= f < hi] if lo > 0 else [s for f, s in points if f == 0]
                 if not inside:
@@ -97,16 +99,39 @@ def sweep(seeds: int = 3) -> list[dict]:
                 row.update({name: f"{m:.3f}" for (name, *_), m in zip(VARIANTS, mean, strict=True)})
                 row["n"] = len(inside)
                 rows.append(row)
-    return rows
+    return rows, raw
+
+
+def plot(raw: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(raw), figsize=(4.2 * len(raw), 3.6), sharey=True)
+    for ax, ((advantages, ratio_level), points) in zip(axes, sorted(raw.items()), strict=True):
+        points = sorted(points)
+        fracs = [100 * f for f, _ in points]
+        for k, (name, *_) in enumerate(VARIANTS):
+            ax.plot(fracs, [scales[k] for _, scales in points], ".", ms=4, label=name)
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("clipped tokens (%)")
+        ax.set_title(f"{advantages} advantages, {ratio_level} ratio")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scale s")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--csv", help="also write the table as CSV here")
+    parser.add_argument("--plot", help="also draw every point (clip fraction vs scale) as a PNG here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    rows = sweep(args.seeds)
+    rows, raw = sweep(args.seeds)
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
@@ -117,6 +142,8 @@ def main(argv=None) -> int:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
+    if args.plot:
+        plot(raw, args.plot)
     return 0
 
 

@@ -32,7 +32,7 @@ FSDP_OFFLOAD="${FSDP_OFFLOAD:-False}"
 MODEL="${MODEL:-Qwen/Qwen2.5-3B}"
 # One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo (see sorl_algo_overrides).
 ALGO="${ALGO:-st_ppo}"
-# Clipping-triggered normalization mode for the SORL losses (relative|absolute|literal|none).
+# Clipping-bias correction mode for the SORL losses (relative|absolute|none; docs/algorithms.md).
 # Empty: each loss name's paper default (sorl_verl.algos.config.LOSS_DEFAULTS). For ablations.
 SORL_NORMALIZATION="${SORL_NORMALIZATION:-}"
 
