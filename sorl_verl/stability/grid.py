@@ -11,14 +11,13 @@ Off-policy pressure (our design; the paper varies the same knobs at a larger sca
   ``M`` mini-batches, so the step makes ``E * M`` optimizer updates and all but the first run on
   data from an older policy. The demo's own setting is ``1x2``.
 - *learning rate*: a larger actor learning rate moves the policy further per update.
-- *stale rollouts* (not wired yet): rollouts from a policy k steps old, through verl's async trainer
-  (``trainer.v1.sampler.max_off_policy_threshold``); it is one more :class:`Pressure` whose
-  ``overrides`` carry those keys, once the CPU rollout supports the async trainers (issue 10).
+- *stale rollouts* (not in the grid yet): rollouts from a policy k steps old, through the async
+  trainer ``sorl_colocate_async`` (``trainer.v1.sampler.max_off_policy_threshold`` = k); each k is
+  one more :class:`Pressure` whose ``overrides`` carry those keys (see the comment in PRESSURES).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -27,8 +26,6 @@ METHODS: tuple[str, ...] = ("grpo", "so_grpo", "gspo", "ppo", "turn_ppo", "s_ppo
 # Critic-free methods: GROUP_SIZE samples per prompt (common.sh sets rollout.n for them).
 GROUP_METHODS = frozenset({"grpo", "so_grpo", "gspo"})
 DEFAULT_SEEDS: tuple[int, ...] = (1, 2, 3)
-# The demo's micro-batch (trajectories per forward/backward); smaller when a mini-batch is smaller.
-MAX_MICRO_BATCH = 16
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -58,9 +55,13 @@ PRESSURES: dict[str, Pressure] = {
         Pressure("reuse_4x4", "update reuse: 4 epochs x 4 mini-batches (16 updates per step)", 4, 4),
         Pressure("reuse_8x8", "update reuse: 8 epochs x 8 mini-batches (64 updates per step)", 8, 8),
         Pressure("lr_5e-4", "learning rate 5x the demo's (5e-4), 1 epoch x 2 mini-batches", 1, 2, actor_lr=5e-4),
-        # Stale rollouts, once the CPU rollout runs verl's async trainers (issue 10), e.g.:
-        # Pressure("stale_k2", "rollouts up to 2 policy versions old", 1, 2,
-        #          overrides=("trainer.v1.trainer_mode=separate_async", "trainer.v1.sampler.max_off_policy_threshold=2")),
+        # Stale rollouts (issue 10), once the async trainers run the quick start's agent loop on CPU in
+        # a measured run: one entry per k, with the overrides of examples/math/train.sh (k=0 is the
+        # synchronous reuse_1x2), e.g.
+        # Pressure("stale_k2", "rollouts up to 2 policy versions old", 1, 2, overrides=(
+        #     "trainer.v1.trainer_mode=sorl_colocate_async",
+        #     "trainer.v1.sampler.max_off_policy_threshold=2",
+        #     "algorithm.rollout_correction.bypass_mode=True")),
     )
 }
 DEFAULT_PRESSURES: tuple[str, ...] = tuple(PRESSURES)
@@ -113,6 +114,8 @@ class RunSpec:
         verl counts the first two in prompts (it multiplies by ``rollout.n``), the micro-batch in
         trajectories. The critic-free methods take ``trajectories / group_size`` prompts with
         ``group_size`` samples each; the critic methods ``trajectories`` prompts with one each.
+        One micro-batch per mini-batch, as the demo does (on CPU each extra micro-batch is mostly
+        fixed overhead; the update is the same for any split).
         """
         b, p = self.budget, self.pressure
         per_prompt = b.group_size if self.method in GROUP_METHODS else 1
@@ -123,8 +126,7 @@ class RunSpec:
                 f"(trajectories={b.trajectories}, group_size={per_prompt})"
             )
         mini = prompts // p.mini_batches
-        micro = math.gcd(MAX_MICRO_BATCH, mini * per_prompt)
-        return prompts, mini, micro
+        return prompts, mini, mini * per_prompt
 
     def env(self) -> dict[str, str]:
         """Environment variables of ``run_demo.sh`` for this run (the budget's extras last)."""
@@ -140,8 +142,8 @@ class RunSpec:
             "TRAIN_BATCH_SIZE": str(train),
             "PPO_MINI_BATCH_SIZE": str(mini),
             "MICRO_BATCH_PER_GPU": str(micro),
-            # verl's log-prob passes split the whole step's batch into micro-batches of this size
-            "LOG_PROB_MICRO_BATCH_PER_GPU": str(math.gcd(MAX_MICRO_BATCH, b.trajectories)),
+            # one log-prob pass over the whole step's batch (verl needs it to divide the batch)
+            "LOG_PROB_MICRO_BATCH_PER_GPU": str(b.trajectories),
             "PREPARE_ARGS": " ".join(b.prepare_args),
         }
         if self.pressure.actor_lr is not None:

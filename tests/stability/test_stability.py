@@ -48,10 +48,10 @@ def test_default_grid_is_every_pressure_method_seed_in_seed_major_order():
 @pytest.mark.parametrize(
     "pressure,method,expected",
     [
-        ("reuse_1x2", "grpo", (8, 4, 16)),  # the demo's: 8 prompts x 8 samples, 2 mini-batches
+        ("reuse_1x2", "grpo", (8, 4, 32)),  # the demo's: 8 prompts x 8 samples, 2 mini-batches
         ("reuse_4x4", "so_grpo", (8, 2, 16)),
-        ("reuse_8x8", "gspo", (8, 1, 8)),  # a mini-batch of 8 trajectories: the micro-batch shrinks to fit
-        ("reuse_1x2", "ppo", (64, 32, 16)),  # critic family: 64 prompts x 1 sample
+        ("reuse_8x8", "gspo", (8, 1, 8)),
+        ("reuse_1x2", "ppo", (64, 32, 32)),  # critic family: 64 prompts x 1 sample
         ("reuse_8x8", "st_ppo", (64, 8, 8)),
     ],
 )
@@ -61,10 +61,10 @@ def test_batch_sizes_keep_64_trajectories_and_split_into_mini_batches(pressure, 
     assert (train, mini, micro) == expected
     per_prompt = 8 if method in ("grpo", "so_grpo", "gspo") else 1
     assert train * per_prompt == 64
-    assert (mini * per_prompt) % micro == 0
+    assert mini * per_prompt == micro  # one micro-batch per mini-batch, as the demo
     env = spec.env()
     assert env["TRAIN_BATCH_SIZE"] == str(train) and env["PPO_MINI_BATCH_SIZE"] == str(mini)
-    assert env["LOG_PROB_MICRO_BATCH_PER_GPU"] == "16"
+    assert env["LOG_PROB_MICRO_BATCH_PER_GPU"] == "64"  # one log-prob pass per step
     assert (
         RunSpec(PRESSURES["reuse_1x2"], method, 1, Budget(trajectories=8, group_size=2)).env()[
             "LOG_PROB_MICRO_BATCH_PER_GPU"
