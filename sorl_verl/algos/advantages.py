@@ -80,10 +80,9 @@ def turn_gae_core(
         return zeros, zeros.clone()
 
     # Rewards from a turn's start up to the next turn's start belong to that turn.
-    starts = segments.token_turn_id >= 0
-    starts &= ~torch.nn.functional.pad(starts[:, :-1], (1, 0), value=False)
+    starts = segments.starts
     owner_in_row = (starts.cumsum(dim=1) - 1).clamp(min=0)
-    row_offset = segments.turns_per_row.cumsum(0) - segments.turns_per_row
+    row_offset = segments.row_offset
     owner = torch.where(
         segments.turns_per_row[:, None] > 0, owner_in_row + row_offset[:, None], segments.num_turns
     ).reshape(-1)

@@ -32,6 +32,8 @@ class TurnSegments:
         turn_row: ``(num_turns,)`` long, the row each turn belongs to.
         turn_index: ``(num_turns,)`` long, 0-based position of the turn within its row (1st turn = 0).
         turns_per_row: ``(batch,)`` long, number of turns in each row (0 for an all-masked row).
+        row_offset: ``(batch,)`` long, global id of each row's first turn (``cumsum - turns_per_row``).
+        starts: ``(batch, response_len)`` bool, True on the first token of each turn.
         num_turns: total number of turns in the batch.
         shape: ``(batch, response_len)``.
     """
@@ -41,6 +43,8 @@ class TurnSegments:
     turn_row: torch.Tensor
     turn_index: torch.Tensor
     turns_per_row: torch.Tensor
+    row_offset: torch.Tensor
+    starts: torch.Tensor
     num_turns: int
     shape: torch.Size
 
@@ -114,6 +118,8 @@ def segment_turns(response_mask: torch.Tensor) -> TurnSegments:
         turn_row=turn_row,
         turn_index=turn_index,
         turns_per_row=turns_per_row,
+        row_offset=row_offset,
+        starts=starts,
         num_turns=num_turns,
         shape=torch.Size((batch, response_len)),
     )
