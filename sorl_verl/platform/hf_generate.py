@@ -26,6 +26,7 @@ tokens again (verl's ``FullyAsyncLLMServerClient``).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,11 +136,15 @@ def generate_batch(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     abort: threading.Event | None = None,
+    min_step_s: float = 0.0,
 ) -> list[GenerationResult]:
     """Generate for all requests at once (left-padded batch, shared KV cache).
 
     ``abort``: when set (checked before the prefill and before every decoding step), the
     unfinished rows stop with ``finish_reason="abort"`` and their partial output.
+    ``min_step_s``: every decoding step lasts at least this long (sleeps the rest): simulates
+    a larger model's generation time, so that asynchronous behaviour (requests still running
+    when a trainer aborts them) shows with a tiny model. 0 = as fast as possible.
     """
     from transformers import DynamicCache
 
@@ -184,7 +189,11 @@ def generate_batch(
     aborted = torch.zeros_like(finished)
     stop_rows = [row for row, r in enumerate(requests) if r.stop]
     steps = int(max_tokens.max().item())
+    step_started = time.monotonic()
     for step in range(steps):
+        if min_step_s > 0:
+            time.sleep(max(0.0, step_started + min_step_s - time.monotonic()))
+            step_started = time.monotonic()
         if abort is not None and abort.is_set():
             aborted = ~finished
             break

@@ -43,6 +43,7 @@ from sorl_verl.platform.hf_generate import GenerationRequest, generate_batch
 logger = logging.getLogger("sorl_verl.platform")
 
 SERVER_NAME_PREFIX = "sorl_hf_server_"
+ROLLOUT_ENGINE_KEY = "hf"  # rollout.engine_kwargs.hf
 # Requests arriving within this window are generated as one batch.
 BATCH_WINDOW_S = 0.02
 
@@ -71,7 +72,10 @@ class HFRolloutServer:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=model_config.trust_remote_code)
         # float32 + eager attention: what the CPU actor computes with, so log-probs agree.
         self.model = AutoModelForCausalLM.from_pretrained(
-            path, torch_dtype=torch.float32, attn_implementation="eager", trust_remote_code=model_config.trust_remote_code
+            path,
+            torch_dtype=torch.float32,
+            attn_implementation="eager",
+            trust_remote_code=model_config.trust_remote_code,
         )
         self.model.eval()
         eos = self.model.generation_config.eos_token_id
@@ -80,6 +84,12 @@ class HFRolloutServer:
             eos.append(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        # engine_kwargs.hf: min_step_s (see hf_generate.generate_batch); nothing else is accepted
+        hf_kwargs = dict((getattr(self.config, "engine_kwargs", None) or {}).get(ROLLOUT_ENGINE_KEY) or {})
+        unknown = sorted(set(hf_kwargs) - {"min_step_s"})
+        if unknown:
+            raise ValueError(f"hf rollout: unknown rollout.engine_kwargs.hf options {unknown} (known: min_step_s)")
+        self.min_step_s = float(hf_kwargs.get("min_step_s", 0.0))
         self.global_steps: int | None = None
         self.generator = torch.Generator().manual_seed(int(getattr(self.config, "seed", 0)) + replica_rank)
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
@@ -94,7 +104,14 @@ class HFRolloutServer:
         self._in_flight: set[str] = set()
         self.asleep = False
         # what happened, for tests and logs
-        self.counters = {"aborts": 0, "aborted_requests": 0, "parked_requests": 0, "rejected_requests": 0, "sleeps": 0, "wake_ups": 0}
+        self.counters = {
+            "aborts": 0,
+            "aborted_requests": 0,
+            "parked_requests": 0,
+            "rejected_requests": 0,
+            "sleeps": 0,
+            "wake_ups": 0,
+        }
 
     def _async_state(self) -> tuple[asyncio.Lock, asyncio.Event]:
         # created lazily: they must belong to the actor's event loop
@@ -191,6 +208,7 @@ class HFRolloutServer:
                         self.pad_token_id,
                         self.generator,
                         self._abort,
+                        self.min_step_s,
                     )
             except Exception as error:  # noqa: BLE001 - delivered to every waiting caller
                 for _, future in batch:

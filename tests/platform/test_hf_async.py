@@ -215,3 +215,22 @@ def test_batches_hold_at_most_max_num_seqs_first_come_first_served(tiny_path, mo
     outputs = asyncio.run(scenario())
     assert sizes == [2, 2, 1]
     assert all(len(o.token_ids) == 2 for o in outputs)
+
+
+def test_min_step_s_slows_every_decoding_step_and_options_are_checked(tiny_path):
+    import time
+
+    server = make_server(tiny_path)
+    server.min_step_s = 0.05
+    start = time.monotonic()
+    out = asyncio.run(server.generate([5, 6], dict(PARAMS, max_tokens=5), request_id="t"))
+    assert len(out.token_ids) == 5 and time.monotonic() - start >= 5 * 0.05
+    with pytest.raises(ValueError, match="min_stp_s"):
+        from verl.workers.config import RolloutConfig
+
+        from sorl_verl.platform.hf_rollout import HFRolloutServer
+
+        HFRolloutServer(
+            RolloutConfig(name="hf", prompt_length=8, response_length=8, engine_kwargs={"hf": {"min_stp_s": 1}}),
+            SimpleNamespace(local_path=str(tiny_path), path=str(tiny_path), trust_remote_code=False),
+        )
