@@ -19,7 +19,15 @@ class _RecordingServer:
 
     async def generate(self, *args, **kwargs):
         output = await self._server.generate(*args, **kwargs)
-        self._calls.append({"prompt_ids": list(kwargs["prompt_ids"]), "token_ids": list(output.token_ids)})
+        fields = output.extra_fields or {}
+        self._calls.append(
+            {
+                "prompt_ids": list(kwargs["prompt_ids"]),
+                "token_ids": list(output.token_ids),
+                # weight versions [oldest, newest] that generated this call (async trainers)
+                "versions": [fields.get("min_global_steps"), fields.get("max_global_steps")],
+            }
+        )
         return output
 
     def __getattr__(self, name):
@@ -32,6 +40,8 @@ class MaskProbeAgentLoop(SearchR1AgentLoop):
         self.server_manager = _RecordingServer(self.server_manager, calls)
         output = await super().run(sampling_params, **kwargs)
         record = {
+            "uid": str(kwargs.get("uid")),
+            "session_id": int(kwargs.get("session_id", -1)),
             "prompt_ids": list(output.prompt_ids),
             "response_ids": list(output.response_ids),
             "response_mask": list(output.response_mask),
