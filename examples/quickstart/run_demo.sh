@@ -91,6 +91,18 @@ PREPARE_SEED="${PREPARE_SEED:-$SEED}"
 # (the entity's name) instead of searching. 0 = every demonstration searches (the warm start
 # then already searches, and RL has little to teach in a few steps).
 DEMO_MIX="${DEMO_MIX:-0.5}"
+# verl's replay buffer polls for finished rollouts every 2 s, so a ~1 s rollout cost 4 s per step
+# and per validation; the quick start's sampler (sorl_verl/quickstart/sampler.py) is verl's own
+# with this poll interval. Empty: verl's built-in sampler (needed for DAPO's filter_groups).
+POLL_INTERVAL="${POLL_INTERVAL-0.1}"
+SAMPLER_OVERRIDES=()
+if [[ -n "$POLL_INTERVAL" ]]; then
+  SAMPLER_OVERRIDES=(
+    "trainer.v1.sampler.custom_sampler.path=pkg://sorl_verl.quickstart.sampler"
+    "trainer.v1.sampler.custom_sampler.name=QuickPollSampler"
+    "+trainer.v1.sampler.sampler_kwargs.poll_interval=$POLL_INTERVAL"
+  )
+fi
 # the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
 RETRIEVER_URL="$RUN_DIR/task/index"
 PROJECT="${PROJECT:-sorl-quickstart}"
@@ -157,6 +169,7 @@ sorl_launch \
   "critic.data_loader_seed=$SEED" \
   "critic.fsdp.seed=$SEED" \
   "trainer.log_val_generations=0" \
+  "${SAMPLER_OVERRIDES[@]}" \
   -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT" &
 wait $!
 TRAIN_RC=$? # pipefail: the trainer's status unless it succeeded and the filter failed
