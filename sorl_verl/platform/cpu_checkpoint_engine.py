@@ -60,12 +60,24 @@ class _Mailbox:
         return slot[0]
 
 
+_MAILBOX_HANDLE = None
+
+
 def _mailbox():
-    return (
-        ray.remote(_Mailbox)
-        .options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0, max_concurrency=1000)
-        .remote()
-    )
+    """The job's mailbox actor, created by the first process that asks.
+
+    The handle is kept for the life of the process: Ray destroys a (non-detached) actor, named
+    or not, once no handle to it is left, so a handle held only for one call could take the
+    mailbox down between a sender's ``put`` and a receiver's ``take``.
+    """
+    global _MAILBOX_HANDLE
+    if _MAILBOX_HANDLE is None:
+        _MAILBOX_HANDLE = (
+            ray.remote(_Mailbox)
+            .options(name=MAILBOX_NAME, get_if_exists=True, num_cpus=0, max_concurrency=1000)
+            .remote()
+        )
+    return _MAILBOX_HANDLE
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -98,6 +110,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
 
     def init_process_group(self, role: str, channel: str, num_receivers: int, **_: Any) -> None:
         self.role, self.channel, self.num_receivers = role, channel, num_receivers
+        _mailbox()  # every participant holds a handle from now on (see _mailbox)
 
     def finalize(self) -> None:
         self.role, self.channel = IDLE, None
