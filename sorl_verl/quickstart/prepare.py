@@ -47,7 +47,12 @@ PREPARE_MARKER = "prepare.json"
 
 @dataclass
 class PrepareConfig:
-    """Sizes and model settings of the quick start (defaults: what fits ~15 min on 2 cores)."""
+    """Sizes and model settings of the quick start (defaults: what fits ~10 min of demo on 2 idle cores).
+
+    ``guess_fraction``, ``topk`` and ``max_obs_length`` must equal run_demo.sh's defaults (``DEMO_MIX``,
+    ``TOPK``, ``MAX_OBS_LENGTH``): callers that prepare a warm start themselves (the stability sweep)
+    rely on both sides agreeing when a variable is not set.
+    """
 
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     seed: int = 0

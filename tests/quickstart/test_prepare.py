@@ -96,3 +96,19 @@ def test_cli_reports_a_mismatch_as_an_error(prepared, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["prepare", str(run_dir), "--topk", "3", "--quiet"])
     assert str(exit_info.value.code).startswith(f"error: {run_dir / 'prepare.json'}: this run folder was prepared")
+
+
+def test_config_defaults_match_the_launcher_defaults():
+    """A warm start prepared without the variables (the stability sweep's cache) must match run_demo.sh's."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "run_demo.sh").read_text()
+
+    def default(var):
+        return re.search(rf'^{var}="\$\{{{var}:-([^}}]+)\}}"', script, re.M).group(1)
+
+    cfg = PrepareConfig()
+    assert float(default("DEMO_MIX")) == cfg.guess_fraction
+    assert int(default("TOPK")) == cfg.topk
+    assert int(default("MAX_OBS_LENGTH")) == cfg.max_obs_length
