@@ -137,7 +137,8 @@ def load_results(sweep_dir: Path) -> tuple[list[RunResult], list[str]]:
 
 def pressure_title(pressure: dict) -> str:
     """``reuse_4x4\n4 epochs x 4 mini-batches`` (+ ``, lr 5e-4``, ``+ N overrides``) from a recorded Pressure."""
-    text = f"{pressure['name']}\n{pressure['ppo_epochs']} epochs x {pressure['mini_batches']} mini-batches"
+    epochs = pressure["ppo_epochs"]
+    text = f"{pressure['name']}\n{epochs} epoch{'s' if epochs != 1 else ''} x {pressure['mini_batches']} mini-batches"
     if pressure.get("actor_lr") is not None:
         text += f", lr {pressure['actor_lr']:g}"
     if pressure.get("overrides"):
