@@ -6,6 +6,7 @@ sleeps. Every other Python step (cpu overrides, cleanup, progress filter) is the
 `prepare` is skipped by the wrapper, so no model is trained here.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -75,12 +76,26 @@ def _pids(log: Path) -> dict[str, int]:
     return {name: int(pid) for name, pid in (line.split() for line in log.read_text().splitlines())}
 
 
+@contextlib.contextmanager
+def launched(tmp_path: Path, lines: int = 2, **extra_env: str):
+    """``(launcher, run_dir, pids)`` of a started demo; whatever a failed test leaves is killed."""
+    launcher, run_dir, log = _start(tmp_path, lines, **extra_env)
+    pids = _pids(log)
+    try:
+        yield launcher, run_dir, pids
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_trainer_and_its_detached_daemons(tmp_path):
-    launcher, run_dir, log = _start(tmp_path)
-    pids = _pids(log)
-    ray_tmpdir = Path(json.loads((run_dir / "launch.json").read_text())["ray_tmpdir"])
-    try:
+    with launched(tmp_path) as (launcher, run_dir, pids):
+        ray_tmpdir = Path(json.loads((run_dir / "launch.json").read_text())["ray_tmpdir"])
         assert all(_alive(p) for p in pids.values()) and ray_tmpdir.is_dir()
         assert Path(f"/proc/{pids['daemon']}/stat").read_text().rsplit(")", 1)[1].split()[1] != str(pids["trainer"])
         launcher.send_signal(signal.SIGTERM)
@@ -90,17 +105,11 @@ def test_sigterm_stops_the_trainer_and_its_detached_daemons(tmp_path):
         records = (run_dir / "launches.jsonl").read_text().splitlines()
         assert len(records) == 1 and '"how": "exit"' in records[0]
         assert not ray_tmpdir.exists()
-    finally:
-        for pid in pids.values():
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
 def test_cleanup_after_sigkill_of_the_launcher(tmp_path):
-    launcher, run_dir, log = _start(tmp_path)
-    pids = _pids(log)
-    try:
+    with launched(tmp_path) as (launcher, run_dir, pids):
         os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's group: launcher, trainer, filter
         launcher.wait(timeout=30)
         assert _wait_for(lambda: not _alive(pids["trainer"]), 10)
@@ -115,24 +124,14 @@ def test_cleanup_after_sigkill_of_the_launcher(tmp_path):
         assert "stopped 1 process(es)" in done.stdout and "removed" in done.stdout
         assert _wait_for(lambda: not _alive(pids["daemon"]), 10)
         assert '"how": "cleanup after kill"' in (run_dir / "launches.jsonl").read_text()
-    finally:
-        for pid in pids.values():
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
 def test_sigterm_during_prepare_exits_at_once(tmp_path):
-    launcher, run_dir, log = _start(tmp_path, lines=1, FAKE_PREPARE_SLEEP="1")
-    pids = _pids(log)
-    try:
+    with launched(tmp_path, lines=1, FAKE_PREPARE_SLEEP="1") as (launcher, run_dir, pids):
         started = time.time()
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == 143
         assert time.time() - started < 30  # not after prepare's 300 s
         assert _wait_for(lambda: not _alive(pids["prepare"]), 20)
         assert '"how": "exit"' in (run_dir / "launches.jsonl").read_text()
-    finally:
-        for pid in pids.values():
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
