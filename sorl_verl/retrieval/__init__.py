@@ -62,8 +62,26 @@ class Retriever(Protocol):
     def search(self, queries: list[str], topk: int = 3) -> list[list[dict]]: ...
 
 
-def load_retriever(index_dir: str | Path) -> Retriever:
-    """In-process retriever for an index folder built by :func:`build_index`."""
+def load_retriever(
+    index_dir: str | Path | None = None,
+    *,
+    faiss_index: str | Path | None = None,
+    corpus: str | Path | None = None,
+    encoder=None,
+    **options,
+) -> Retriever:
+    """In-process retriever for an index folder built by :func:`build_index`, or for
+    Search-R1's artifacts as they are: ``load_retriever(faiss_index="e5_Flat.index",
+    corpus="wiki-18.jsonl", encoder="intfloat/e5-base-v2")`` (see
+    :mod:`sorl_verl.retrieval.artifacts`; ``options`` go to its ``FaissArtifactRetriever``)."""
+    if faiss_index is not None:
+        if index_dir is not None:
+            raise ValueError("give either an index folder or faiss_index=..., not both")
+        from sorl_verl.retrieval.artifacts import load_faiss_artifacts
+
+        return load_faiss_artifacts(faiss_index, corpus, encoder, **options)
+    if index_dir is None:
+        raise ValueError("give an index folder, or faiss_index=... with corpus=... and encoder=...")
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
     if meta["method"] == "bm25":
