@@ -2,18 +2,86 @@
 
 Everything that writes a result the user keeps (parquet, corpus, index, model, table, run files)
 writes it beside its destination under a temporary name and renames it into place at the end.
+
+A writer killed outright (SIGKILL, power loss) cannot clean up, so temporary names say who made
+them, ``.{name}.{host}.{pid}.{random}.tmp`` (``.old`` for a folder being replaced), and the next
+writer of the same destination removes the ones of this host whose process is gone: the pid is
+dead, or it was reused (the file is older than that process). Temporaries of live writers, of
+other hosts (a shared filesystem) and of other destinations are left alone.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_file", "write_text_atomic"]
+__all__ = ["atomic_dir", "atomic_file", "remove_stale_temporaries", "write_text_atomic"]
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32] or "host"
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{_host()}.{os.getpid()}."
+
+
+def _process_start_time(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), from Linux's /proc; None where unknown."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _owner_gone(pid: int, created: float) -> bool:
+    if pid == os.getpid():
+        return False  # ours: another writer in this process may be using it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    started = _process_start_time(pid)
+    # 1 s of slack: /proc's start time has clock-tick resolution and btime whole seconds.
+    return started is not None and created < started - 1.0
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporaries of ``path`` left by writers of this host that died; returns them."""
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.{_host()}.") + r"(\d+)\.[^.]+\.(?:tmp|old)$")
+    removed = []
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for sibling in siblings:
+        match = pattern.match(sibling.name)
+        if match is None:
+            continue
+        try:
+            created = sibling.lstat().st_mtime
+        except OSError:
+            continue
+        if not _owner_gone(int(match.group(1)), created):
+            continue
+        if sibling.is_dir() and not sibling.is_symlink():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            sibling.unlink(missing_ok=True)
+        removed.append(sibling)
+    return removed
 
 
 @contextmanager
@@ -24,7 +92,8 @@ def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -55,7 +124,8 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists (pass overwrite to replace it)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temporaries(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o755)  # mkdtemp creates 0700
     try:
         yield tmp
@@ -63,7 +133,7 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
             raise FileExistsError(f"{path} appeared while it was being built; not replacing it")
         if path.exists():
             # Two renames keep a complete folder at ``path`` except for an instant.
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old / path.name)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
