@@ -7,10 +7,22 @@ HTTP API, exactly Search-R1's ``retrieval_server.py``::
       -> {"result": [[{"document": {"id", "contents"}, "score": 1.5}, ...], ...]}  (return_scores true)
 
 plus ``GET /health`` (ours). ``topk`` null or absent means the server's ``--topk``;
-``return_scores`` defaults to false, as in Search-R1. Bad input gets a 4xx with
-``{"detail": "<what is wrong>"}``: 400 body is not JSON, 413 body over ``max_body_bytes``,
-422 a missing or mistyped field, ``topk`` outside ``1..max_topk`` or more than ``max_batch``
-queries. Binds 127.0.0.1 unless ``--host`` says otherwise.
+``return_scores`` defaults to false, as in Search-R1.
+
+Bad input never reaches the retriever and always gets a 4xx with ``{"detail": "<what is wrong>"}``
+(ours): 400 body is not JSON (malformed, invalid UTF-8, nested too deep, an integer too long to
+parse), 408 body not received within ``read_timeout_s`` (a slow or short body), 413 body over
+``max_body_bytes``, 422 a missing or mistyped field, ``topk`` outside ``1..max_topk``, more than
+``max_batch`` queries, a query over ``max_query_chars`` characters or with a lone surrogate, or
+more than ``max_request_chars`` query characters in one request (the per-request cost bound).
+Only a failing retriever is a 500. A client that disconnects is dropped without a log line.
+Binds 127.0.0.1 unless ``--host`` says otherwise.
+
+Shutdown (ours): the first SIGTERM or SIGINT starts a drain: ``/health`` answers 503, new requests
+get 503 with ``Retry-After`` and ``Connection: close`` (the client retries elsewhere or later),
+requests already received are answered normally; the server exits 0 once none is left (after at
+least ``LINGER_S``, so connections already queued are answered rather than reset) or when
+``--grace-s`` has passed. A second signal stops at once.
 
 Batching (ours): requests are queued to one worker task that takes everything waiting (up to
 ``max_batch`` queries), runs one ``retriever.search`` for all of them with the largest
@@ -25,19 +37,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+
+from sorl_verl.retrieval import _cli
 
 DEFAULT_TOPK = 3
 DEFAULT_MAX_TOPK = 100
 DEFAULT_MAX_BATCH = 512
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# A BM25 search costs about 1 ms per kilobyte of query text: these caps bound what one query
+# (~8 ms) and one request (~0.25 s) can cost, so a short query never waits seconds behind huge ones.
+DEFAULT_MAX_QUERY_CHARS = 8192
+DEFAULT_MAX_REQUEST_CHARS = 1 << 18
+DEFAULT_READ_TIMEOUT_S = 10.0
+DEFAULT_GRACE_S = 30.0
+LINGER_S = 0.5  # a drain lasts at least this long, so connections already queued get an answer
 
 
 @dataclass
@@ -112,11 +136,36 @@ class MicroBatcher:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _parse_request(body: bytes, default_topk: int, max_topk: int, max_batch: int) -> tuple[list[str], int, bool]:
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (see the module docstring)."""
+
+    default_topk: int = DEFAULT_TOPK
+    max_topk: int = DEFAULT_MAX_TOPK
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+    def __post_init__(self):
+        for name in ("max_topk", "max_batch", "max_body_bytes", "max_query_chars", "max_request_chars"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 1 <= self.default_topk <= self.max_topk:
+            raise ValueError(f"default_topk must be in 1..max_topk={self.max_topk}, got {self.default_topk}")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be positive, got {self.read_timeout_s}")
+
+
+def _parse_request(body: bytes, limits: Limits) -> tuple[list[str], int, bool]:
     try:
         payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPException(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise HTTPException(400, "request body is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        raise HTTPException(400, f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(payload, dict):
         raise HTTPException(422, f"request body must be a JSON object, got {type(payload).__name__}")
     if "queries" not in payload:
@@ -124,22 +173,73 @@ def _parse_request(body: bytes, default_topk: int, max_topk: int, max_batch: int
     queries = payload["queries"]
     if not isinstance(queries, list):
         raise HTTPException(422, f"field 'queries' must be a list of strings, got {type(queries).__name__}")
+    if len(queries) > limits.max_batch:
+        raise HTTPException(422, f"{len(queries)} queries in one request; the cap is {limits.max_batch} (max_batch)")
+    total = 0
     for i, query in enumerate(queries):
         if not isinstance(query, str):
             raise HTTPException(422, f"queries[{i}] must be a string, got {type(query).__name__}")
-    if len(queries) > max_batch:
-        raise HTTPException(422, f"{len(queries)} queries in one request; the cap is {max_batch} (max_batch)")
+        if len(query) > limits.max_query_chars:
+            raise HTTPException(
+                422, f"queries[{i}] has {len(query)} characters; the cap is {limits.max_query_chars} (max_query_chars)"
+            )
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:
+            raise HTTPException(422, f"queries[{i}] is not valid Unicode (a lone surrogate)") from None
+        total += len(query)
+    if total > limits.max_request_chars:
+        raise HTTPException(
+            422, f"{total} query characters in one request; the cap is {limits.max_request_chars} (max_request_chars)"
+        )
     topk = payload.get("topk")
     if topk is None:
-        topk = default_topk
+        topk = limits.default_topk
     elif isinstance(topk, bool) or not isinstance(topk, int):
         raise HTTPException(422, f"field 'topk' must be an integer or null, got {type(topk).__name__}")
-    elif not 1 <= topk <= max_topk:
-        raise HTTPException(422, f"field 'topk' must be between 1 and {max_topk}, got {topk}")
+    elif not 1 <= topk <= limits.max_topk:
+        raise HTTPException(422, f"field 'topk' must be between 1 and {limits.max_topk}, got {topk}")
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise HTTPException(422, f"field 'return_scores' must be true or false, got {type(return_scores).__name__}")
     return queries, topk, return_scores
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its request body arrived."""
+
+
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limits.max_body_bytes):
+        raise HTTPException(413, f"request body of {declared[:20]} bytes exceeds the cap of {limits.max_body_bytes} bytes",
+                            headers={"Connection": "close"})
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise HTTPException(413, f"request body exceeds the cap of {limits.max_body_bytes} bytes",
+                                        headers={"Connection": "close"})
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HTTPException(408, f"request body not received within {limits.read_timeout_s:g} s (read_timeout_s)",
+                            headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise _ClientGone from None
+    return b"".join(chunks)
+
+
+@dataclass
+class Lifecycle:
+    """Drain state shared by the app and :class:`DrainingServer`."""
+
+    draining: bool = False
+    drain_started: float = 0.0
+    last_arrival: float = 0.0
+    answered_while_draining: int = 0
+    refused_while_draining: int = 0
 
 
 def create_app(
@@ -148,11 +248,15 @@ def create_app(
     max_topk: int = DEFAULT_MAX_TOPK,
     max_batch: int = DEFAULT_MAX_BATCH,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
+    max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> FastAPI:
     """FastAPI app serving ``retriever`` (anything with ``search(queries, topk)``)."""
-    if not 1 <= default_topk <= max_topk:
-        raise ValueError(f"default_topk must be in 1..max_topk={max_topk}, got {default_topk}")
+    limits = Limits(default_topk, max_topk, max_batch, max_body_bytes, max_query_chars, max_request_chars,
+                    read_timeout_s)
     batcher = MicroBatcher(retriever.search, max_batch)
+    lifecycle = Lifecycle()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -161,9 +265,13 @@ def create_app(
 
     app = FastAPI(title="sorl-verl retriever", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.lifecycle = lifecycle
+    app.state.limits = limits
 
     @app.get("/health")
     async def health():
+        if lifecycle.draining:
+            return JSONResponse({"status": "draining"}, status_code=503, headers={"Connection": "close"})
         return {
             "status": "ok",
             "method": getattr(retriever, "method", type(retriever).__name__),
@@ -175,40 +283,107 @@ def create_app(
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise HTTPException(413, f"request body of {declared} bytes exceeds the cap of {max_body_bytes} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise HTTPException(413, f"request body exceeds the cap of {max_body_bytes} bytes")
-            chunks.append(chunk)
-        queries, topk, return_scores = _parse_request(b"".join(chunks), default_topk, max_topk, max_batch)
+        lifecycle.last_arrival = time.monotonic()
+        if lifecycle.draining:
+            lifecycle.refused_while_draining += 1
+            return JSONResponse({"detail": "the retrieval server is shutting down; retry later"}, status_code=503,
+                                headers={"Retry-After": "1", "Connection": "close"})
+        try:
+            body = await _read_body(request, limits)
+        except _ClientGone:
+            return Response(status_code=400)  # nobody reads it; returning keeps the log free of tracebacks
+        queries, topk, return_scores = _parse_request(body, limits)
         results = await batcher.search(queries, topk) if queries else []
         if not return_scores:
             results = [[hit["document"] for hit in hits] for hits in results]
+        headers = None
+        if lifecycle.draining:  # received before the drain began: answered, then the connection closes
+            lifecycle.answered_while_draining += 1
+            headers = {"Connection": "close"}
         # Serialised here: FastAPI's generic encoder walks every hit and costs more than the search.
-        return Response(json.dumps({"result": results}, ensure_ascii=False), media_type="application/json")
+        return Response(json.dumps({"result": results}, ensure_ascii=False), media_type="application/json",
+                        headers=headers)
 
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server with a drain on the first SIGTERM/SIGINT (see the module docstring)."""
+
+        def __init__(self, config, grace_s: float):
+            super().__init__(config)
+            self.grace_s = grace_s
+            self.lifecycle: Lifecycle = config.app.state.lifecycle
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.lifecycle.draining:  # a second signal: uvicorn's own (immediate) shutdown
+                super().handle_exit(sig, frame)
+                return
+            self.lifecycle.drain_started = time.monotonic()
+            self.lifecycle.draining = True
+
+        async def on_tick(self, counter: int) -> bool:
+            lifecycle = self.lifecycle
+            if lifecycle.draining and not self.should_exit:
+                now = time.monotonic()
+                quiet = (
+                    not self.server_state.tasks
+                    and now - lifecycle.drain_started >= LINGER_S
+                    and now - lifecycle.last_arrival >= 0.1
+                )
+                if quiet or now - lifecycle.drain_started >= self.grace_s:
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DrainingServer
+
+
+def serve(app: FastAPI, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning") -> None:
+    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = _draining_server_class()(config, grace_s)
+    # uvicorn re-raises the signals it handled once it has shut down; the drain consumes the first
+    # one, so the process then returns normally (exit 0) instead of dying of the signal.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sorl-retriever", description="Serve a retrieval index over HTTP (Search-R1 API).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--index", help="index folder built by sorl-index")
     source.add_argument("--embedded", action="store_true", help="serve the BM25 index of the shipped Wikipedia corpus")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="topk when a request leaves it null")
-    parser.add_argument("--max-topk", type=int, default=DEFAULT_MAX_TOPK)
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="most queries in one request")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--log-level", default="warning")
-    args = parser.parse_args(argv)
+    parser.add_argument("--port", type=_cli.PORT, default=8000, help="1..65535 (default 8000)")
+    parser.add_argument("--topk", type=_cli.POSITIVE_INT, default=DEFAULT_TOPK, help="topk when a request leaves it null")
+    parser.add_argument("--max-topk", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_TOPK)
+    parser.add_argument("--max-batch", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_BATCH, help="most queries in one request")
+    parser.add_argument("--max-body-bytes", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--max-query-chars", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_QUERY_CHARS,
+                        help="longest query, in characters (422 beyond)")
+    parser.add_argument("--max-request-chars", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_REQUEST_CHARS,
+                        help="most query characters in one request (422 beyond): bounds one request's cost")
+    parser.add_argument("--read-timeout-s", type=_cli.float_in(0, low_open=True), default=DEFAULT_READ_TIMEOUT_S,
+                        help="seconds to receive a request body (408 beyond)")
+    parser.add_argument("--grace-s", type=_cli.float_in(0), default=DEFAULT_GRACE_S,
+                        help="longest drain after SIGTERM/SIGINT before exiting anyway")
+    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace"))
+    return parser
 
-    import uvicorn
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.topk > args.max_topk:
+        parser.error(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
 
     from sorl_verl.retrieval import embedded_index, load_retriever
 
@@ -218,10 +393,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"sorl-retriever: error: {e}", file=sys.stderr)
         sys.exit(2)
     app = create_app(retriever, default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch,
-                     max_body_bytes=args.max_body_bytes)
+                     max_body_bytes=args.max_body_bytes, max_query_chars=args.max_query_chars,
+                     max_request_chars=args.max_request_chars, read_timeout_s=args.read_timeout_s)
     print(f"sorl-retriever: {getattr(retriever, 'method', '?')} index, serving http://{args.host}:{args.port}/retrieve",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        serve(app, args.host, args.port, grace_s=args.grace_s, log_level=args.log_level)
+    except KeyboardInterrupt:  # a second Ctrl-C during the drain
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,9 @@ def live_server(tmp_path_factory):
     with LiveServer(app) as server:
         server.app = app
         yield server
+
+
+@pytest.fixture(scope="session")
+def live_server_class():
+    """:class:`LiveServer` itself, for modules that serve their own app (test modules cannot import conftest)."""
+    return LiveServer
