@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import random
 import sys
@@ -105,50 +106,118 @@ def require_file(path: Path) -> Path:
     return path
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; unreadable or invalid UTF-8 is a located error."""
+    require_file(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise DataPrepError(f"{path}: cannot read ({error.strerror or error})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DataPrepError(f"{path}: line {line}: not valid UTF-8 (byte 0x{data[error.start]:02x})") from None
+
+
+def _parse_json(text: str, path: Path, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataPrepError(f"{path}: {where}: malformed JSON ({error.msg})") from None
+    except RecursionError:
+        raise DataPrepError(f"{path}: {where}: malformed JSON (nested too deeply)") from None
+    except ValueError as error:  # e.g. an integer longer than Python's 4300-digit limit
+        raise DataPrepError(f"{path}: {where}: malformed JSON ({str(error)[:120]})") from None
+
+
+def _surrogate_field(value, name: str = "") -> str | None:
+    """The dotted name of the first string in ``value`` holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return name or "(value)"
+        return None
+    if isinstance(value, dict):
+        items = ((f"{name}.{key}" if name else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{name}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for item_name, item in items:
+        found = _surrogate_field(item, item_name)
+        if found is not None:
+            return found
+    return None
+
+
+def check_unicode(record, path: Path, where: str) -> None:
+    """A located error if any string of ``record`` holds a lone surrogate (parquet stores UTF-8 only)."""
+    field = _surrogate_field(record)
+    if field is not None:
+        raise located(path, where, field, "contains a lone surrogate (an escaped \\ud800-\\udfff alone), not text")
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for every non-blank line; a malformed line raises naming the file and line."""
-    require_file(path)
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataPrepError(f"{path}: line {line_number}: malformed JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise DataPrepError(f"{path}: line {line_number}: expected a JSON object, got {type(record).__name__}")
-            yield line_number, record
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 and other characters splitlines breaks at.
+    for line_number, line in enumerate(_read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"line {line_number}"
+        record = _parse_json(line, path, where)
+        if not isinstance(record, dict):
+            raise DataPrepError(f"{path}: {where}: expected a JSON object, got {type(record).__name__}")
+        check_unicode(record, path, where)
+        yield line_number, record
 
 
 def read_json(path: Path):
-    require_file(path)
+    text = _read_text(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise DataPrepError(f"{path}: line {error.lineno}: malformed JSON ({error.msg})") from None
+    except RecursionError:
+        raise DataPrepError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as error:
+        raise DataPrepError(f"{path}: malformed JSON ({str(error)[:120]})") from None
 
 
 def read_csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """``(line number where the record starts, fields)``; quoted fields may span lines."""
-    require_file(path)
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle)
-        start = 1
-        try:
-            for fields in reader:
-                yield start, fields
-                start = reader.line_num + 1
-        except csv.Error as error:
-            raise DataPrepError(f"{path}: line {start}: malformed CSV ({error})") from None
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    start = 1
+    try:
+        for fields in reader:
+            yield start, fields
+            start = reader.line_num + 1
+    except csv.Error as error:
+        raise DataPrepError(f"{path}: line {start}: malformed CSV ({error})") from None
+
+
+def require_records(items: Sequence, path: Path) -> Sequence:
+    """``items``, or a located error when the input held none (an empty file is a mistake, not a data set)."""
+    if not items:
+        raise DataPrepError(f"{path}: no records (the input is empty)")
+    return items
+
+
+def text_answer(value, path: Path, where: str, field: str) -> str:
+    """A gold answer that is a non-empty string; booleans, null, numbers and NaN are refused."""
+    if not isinstance(value, str):
+        raise located(path, where, field, f"expected a non-empty string answer, got {type(value).__name__} {value!r:.40}")
+    if not value.strip():
+        raise located(path, where, field, "empty answer")
+    return value
 
 
 def read_parquet_records(path: Path) -> list[dict]:
     require_file(path)
     try:
         return pq.read_table(path).to_pylist()
-    except (pa.ArrowInvalid, OSError) as error:
+    except (pa.ArrowException, OSError) as error:
         raise DataPrepError(f"{path}: not a readable parquet file ({error})") from None
 
 
@@ -190,18 +259,36 @@ def write_parquet_atomic(rows: list[dict], output: Path) -> Path:
     """Write ``rows`` with :data:`SCHEMA` to a temp file beside ``output``, then rename it over ``output``.
 
     A failure (bad row, full disk, interrupt) leaves no partial file, and an existing ``output`` untouched.
+    No rows, an output that is a folder, or one that cannot be written is a :class:`DataPrepError`.
     """
     output = Path(output)
+    if not rows:
+        raise DataPrepError(f"{output}: no rows to write (nothing was selected from the input)")
+    if output.is_dir():
+        raise DataPrepError(f"{output}: is a directory; give a .parquet file path")
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    with atomic_file(output) as temp_path:
-        pq.write_table(table, temp_path)
+    try:
+        with atomic_file(output) as temp_path:
+            pq.write_table(table, temp_path)
+    except OSError as error:
+        raise DataPrepError(f"{output}: cannot write ({error.strerror or error})") from None
     return output
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def add_subset_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("quick runs (applied to each data set separately)")
-    group.add_argument("--limit", type=int, default=None, metavar="N", help="keep the first N rows")
-    group.add_argument("--sample", type=int, default=None, metavar="N", help="keep N random rows (see --seed)")
+    group.add_argument("--limit", type=_at_least_one, default=None, metavar="N", help="keep the first N rows")
+    group.add_argument("--sample", type=_at_least_one, default=None, metavar="N", help="keep N random rows (see --seed)")
     group.add_argument("--seed", type=int, default=0, help="seed for --sample (default: 0)")
 
 

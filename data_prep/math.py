@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from data_prep._common import (
     located,
     make_row,
     read_records,
+    require_records,
     run_cli,
     select_indices,
     write_parquet_atomic,
@@ -50,13 +52,23 @@ Item = tuple[str, str, str, str]
 
 
 def _answer_text(value, path: Path, where: str, field: str) -> str:
+    """A finite answer as text: strings and numbers; booleans, NaN, infinities (and 1e400) are refused."""
     if isinstance(value, bool) or value is None:
-        raise located(path, where, field, "missing")
+        raise located(path, where, field, "missing" if value is None else f"expected an answer, got a boolean {value}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise located(path, where, field, f"{value!r} is not a finite answer")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, (str, int, float)) or not str(value).strip():
-        raise located(path, where, field, f"expected a non-empty answer, got {value!r}")
-    return str(value).strip()
+        raise located(path, where, field, f"expected a non-empty answer, got {value!r:.60}")
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except (ValueError, OverflowError):
+        return text
+    if not math.isfinite(number):
+        raise located(path, where, field, f"{text[:40]!r} is not a finite answer")
+    return text
 
 
 def read_dapo(path: Path) -> list[Item]:
@@ -75,7 +87,7 @@ def read_dapo(path: Path) -> list[Item]:
         answer = _answer_text(reward_model["ground_truth"], path, where, "reward_model.ground_truth")
         extra_info = record.get("extra_info") if isinstance(record.get("extra_info"), dict) else {}
         items.append((dapo_problem(content), content, answer, str(extra_info.get("index", ""))))
-    return items
+    return list(require_records(items, path))
 
 
 def read_aime(path: Path) -> list[Item]:
@@ -89,7 +101,7 @@ def read_aime(path: Path) -> list[Item]:
         answer = _answer_text(record.get(answer_field), path, where, answer_field)
         source_id = record.get("ID", record.get("id", ""))
         items.append((problem.strip(), render_dapo_math(problem), answer, str(source_id)))
-    return items
+    return list(require_records(items, path))
 
 
 def convert(

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -38,11 +39,13 @@ from data_prep._common import (
     SEARCH_AGENT,
     DataPrepError,
     add_subset_args,
+    check_unicode,
     located,
     make_row,
     read_csv_rows,
     read_json,
     read_jsonl,
+    require_records,
     required_text,
     run_cli,
     select_indices,
@@ -80,7 +83,7 @@ def read_medqa(path: Path) -> Iterator[Item]:
             raise located(path, where, "options", f"letters {letters} are not A, B, C, ...")
         choices = [required_text(options, letter, path, where + " options") for letter in letters]
         answer = record.get("answer_idx")
-        if answer not in options:
+        if not isinstance(answer, str) or answer not in options:
             raise located(path, where, "answer_idx", f"{answer!r} is not one of the options {letters}")
         yield question, choices, answer, "", ""
 
@@ -91,9 +94,14 @@ def read_medmcqa(path: Path) -> Iterator[Item]:
         question = required_text(record, "question", path, where)
         choices = []
         for field in ("opa", "opb", "opc", "opd"):
-            if field not in record or record[field] is None:
+            value = record.get(field)
+            if value is None:
                 raise located(path, where, field, "missing")
-            choices.append(str(record[field]))
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)
+            ):
+                raise located(path, where, field, f"expected option text, got {type(value).__name__} {value!r:.40}")
+            choices.append(str(value))
         cop = record.get("cop")
         if not isinstance(cop, int) or isinstance(cop, bool) or not 1 <= cop <= 4:
             raise located(path, where, "cop", f"answer index {cop!r} out of range 1..4")
@@ -109,9 +117,10 @@ def read_pubmedqa(path: Path) -> Iterator[Item]:
         where = f"entry {pmid}"
         if not isinstance(record, dict):
             raise located(path, where, "QUESTION", "entry is not an object")
+        check_unicode(record, path, where)
         question = required_text(record, "QUESTION", path, where)
         decision = record.get("final_decision")
-        if decision not in PUBMEDQA_LETTERS:
+        if not isinstance(decision, str) or decision not in PUBMEDQA_LETTERS:
             raise located(path, where, "final_decision", f"{decision!r} is not yes/no/maybe")
         yield question, choices, PUBMEDQA_LETTERS[decision], str(pmid), ""
 
@@ -130,18 +139,22 @@ def read_mmlu_subject(path: Path, subject: str) -> Iterator[Item]:
 
 
 def read_dataset(name: str, mirage_dir: Path) -> list[Item]:
+    """Every item of one data set; an input file without items is an error naming it."""
     if name == "medqa":
-        return list(read_medqa(mirage_dir / "medqa" / "US_4options_test.jsonl"))
+        path = mirage_dir / "medqa" / "US_4options_test.jsonl"
+        return list(require_records(list(read_medqa(path)), path))
     if name == "medmcqa":
-        return list(read_medmcqa(mirage_dir / "medmcqa" / "dev.json"))
+        path = mirage_dir / "medmcqa" / "dev.json"
+        return list(require_records(list(read_medmcqa(path)), path))
     if name == "pubmedqa":
-        return list(read_pubmedqa(mirage_dir / "pubmedqa" / "test_set.json"))
+        path = mirage_dir / "pubmedqa" / "test_set.json"
+        return list(require_records(list(read_pubmedqa(path)), path))
     if name == "mmlu_med":
-        return [
-            item
-            for subject in MMLU_MED_SUBJECTS
-            for item in read_mmlu_subject(mirage_dir / "mmlu_med" / f"{subject}_test.csv", subject)
-        ]
+        items = []
+        for subject in MMLU_MED_SUBJECTS:
+            path = mirage_dir / "mmlu_med" / f"{subject}_test.csv"
+            items.extend(require_records(list(read_mmlu_subject(path, subject)), path))
+        return items
     raise DataPrepError(f"unknown medical data set {name!r}; choose from {', '.join(DATASETS)}")
 
 

@@ -32,9 +32,11 @@ from data_prep._common import (
     located,
     make_row,
     read_jsonl,
+    require_records,
     required_text,
     run_cli,
     select_indices,
+    text_answer,
     write_parquet_atomic,
 )
 from data_prep.templates import render_search_r1, search_r1_question
@@ -55,12 +57,13 @@ def read_qa_file(path: Path) -> list[dict]:
         answers = record[field]
         if isinstance(answers, str):
             answers = [answers]
-        if not isinstance(answers, list) or not all(isinstance(a, (str, int, float)) for a in answers):
+        if not isinstance(answers, list):
             raise located(path, where, field, "expected a list of strings")
-        if not [a for a in answers if str(a).strip()]:
+        if not answers:
             raise located(path, where, field, "no answer")
-        records.append({"question": question, "answers": [str(a) for a in answers], "id": str(record.get("id", ""))})
-    return records
+        answers = [text_answer(answer, path, where, f"{field}[{i}]") for i, answer in enumerate(answers)]
+        records.append({"question": question, "answers": answers, "id": str(record.get("id", ""))})
+    return list(require_records(records, path))
 
 
 def convert(

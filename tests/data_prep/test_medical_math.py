@@ -152,8 +152,10 @@ def test_atomic_write_removes_the_temp_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(common.pq, "write_table", broken_write)
-    with pytest.raises(OSError, match="disk full"):
-        write_parquet_atomic([], tmp_path / "x.parquet")
+    row = common.make_row(data_source="nq", agent_name="a", content="c", ability="x", targets=["t"], split="s",
+                          index=0, question="q")
+    with pytest.raises(DataPrepError, match=r"x.parquet: cannot write \(disk full\)"):
+        write_parquet_atomic([row], tmp_path / "x.parquet")
     assert list(tmp_path.iterdir()) == []
 
 
