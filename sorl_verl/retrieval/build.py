@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from sorl_verl.fileio import atomic_dir
+from sorl_verl.retrieval import _cli
 from sorl_verl.retrieval.corpus import CorpusFormatError, iter_corpus
 from sorl_verl.retrieval.store import write_docs, write_meta
 
@@ -81,19 +82,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing INDEX_DIR")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     bm25 = parser.add_argument_group("bm25")
-    bm25.add_argument("--k1", type=float, default=0.9)
-    bm25.add_argument("--b", type=float, default=0.4)
+    bm25.add_argument("--k1", type=_cli.float_in(0), default=0.9)
+    bm25.add_argument("--b", type=_cli.float_in(0, 1), default=0.4)
     bm25.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none'")
     bm25.add_argument("--stopwords", default="en", help="bm25s stopword list name, or 'none'")
     dense = parser.add_argument_group("dense")
     dense.add_argument("--encoder", default="bundled-minilm",
                        help="HF model name or folder (e5 models get query:/passage: prefixes), 'bundled-minilm', or 'hashing:DIM'")
     dense.add_argument("--faiss", dest="faiss_type", choices=("flat", "hnsw"), default="flat")
-    dense.add_argument("--hnsw-m", type=int, default=32)
-    dense.add_argument("--ef-construction", type=int, default=200)
-    dense.add_argument("--ef-search", type=int, default=128)
-    dense.add_argument("--batch-size", type=int, default=64)
-    dense.add_argument("--max-length", type=int, default=256)
+    dense.add_argument("--hnsw-m", type=_cli.POSITIVE_INT, default=32)
+    dense.add_argument("--ef-construction", type=_cli.POSITIVE_INT, default=200)
+    dense.add_argument("--ef-search", type=_cli.POSITIVE_INT, default=128)
+    dense.add_argument("--batch-size", type=_cli.POSITIVE_INT, default=64)
+    dense.add_argument("--max-length", type=_cli.POSITIVE_INT, default=256)
     args = parser.parse_args(argv)
 
     if args.embedded == (args.corpus is not None):

@@ -200,3 +200,18 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_
     assert exit_code == 0, log
     assert "Traceback" not in log, log
     assert statuses.count(200) >= BEFORE_SIGNAL and set(statuses) <= {200, 503}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--embedded", "idx", "--k1", "-1"], "finite number >= 0"),
+    (["--embedded", "idx", "--b", "2"], "finite number >= 0 and <= 1"),
+    (["--embedded", "idx", "--method", "dense", "--batch-size", "0"], "must be >= 1"),
+    (["--embedded", "idx", "--hnsw-m", "x"], "expected an integer"),
+])
+def test_index_cli_values_are_validated_by_argparse(argv, message, capsys, tmp_path):
+    from sorl_verl.retrieval.build import main as build_main
+
+    with pytest.raises(SystemExit) as caught:
+        build_main([str(tmp_path / a) if a == "idx" else a for a in argv])
+    assert caught.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "idx").exists()
