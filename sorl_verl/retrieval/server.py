@@ -20,9 +20,10 @@ Binds 127.0.0.1 unless ``--host`` says otherwise.
 
 Shutdown (ours): the first SIGTERM or SIGINT starts a drain: ``/health`` answers 503, new requests
 get 503 with ``Retry-After`` and ``Connection: close`` (the client retries elsewhere or later),
-requests already received are answered normally; the server exits 0 once none is left (after at
-least ``LINGER_S``, so connections already queued are answered rather than reset) or when
-``--grace-s`` has passed. A second signal stops at once.
+requests already received are answered normally; the server exits 0 once none is left and none
+has arrived for ``LINGER_S`` (so connections already queued are answered rather than reset), or
+when ``--grace-s`` has passed. A second signal stops at once. A connection that completes its TCP
+handshake in the instant the listening socket closes is still reset: no server can avoid that.
 
 Batching (ours): requests are queued to one worker task that takes everything waiting (up to
 ``max_batch`` queries), runs one ``retriever.search`` for all of them with the largest
@@ -61,7 +62,9 @@ DEFAULT_MAX_QUERY_CHARS = 8192
 DEFAULT_MAX_REQUEST_CHARS = 1 << 18
 DEFAULT_READ_TIMEOUT_S = 10.0
 DEFAULT_GRACE_S = 30.0
-LINGER_S = 0.5  # a drain lasts at least this long, so connections already queued get an answer
+# A drain lasts at least this long, and ends only after this long without a new request, so that
+# connections already queued in the kernel are accepted and answered (503) rather than reset.
+LINGER_S = 0.5
 
 
 @dataclass
@@ -332,7 +335,7 @@ def _draining_server_class():
                 quiet = (
                     not self.server_state.tasks
                     and now - lifecycle.drain_started >= LINGER_S
-                    and now - lifecycle.last_arrival >= 0.1
+                    and now - lifecycle.last_arrival >= LINGER_S
                 )
                 if quiet or now - lifecycle.drain_started >= self.grace_s:
                     self.should_exit = True
@@ -361,6 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--index", help="index folder built by sorl-index")
     source.add_argument("--embedded", action="store_true", help="serve the BM25 index of the shipped Wikipedia corpus")
+    source.add_argument("--faiss-index", help="a FAISS index file as Search-R1 publishes it (e5_Flat.index), served as "
+                        "it is; needs --corpus and --encoder (sorl_verl.retrieval.artifacts)")
+    artifacts = parser.add_argument_group("Search-R1 artifacts (with --faiss-index)")
+    artifacts.add_argument("--corpus", help="corpus JSONL whose row i is FAISS id i (wiki-18.jsonl); memory-mapped, "
+                           "with an offset table built once beside it")
+    artifacts.add_argument("--encoder", help="the encoder the index was built with: HF model name or folder "
+                           "(intfloat/e5-base-v2; e5 names get query: prefixes), bundled-minilm, or hashing:DIM")
+    artifacts.add_argument("--faiss-gpu", choices=("auto", "yes", "no"), default="auto",
+                           help="search on the GPUs (fp16, sharded): auto = when faiss has GPUs")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=_cli.PORT, default=8000, help="1..65535 (default 8000)")
     parser.add_argument("--topk", type=_cli.POSITIVE_INT, default=DEFAULT_TOPK, help="topk when a request leaves it null")
@@ -385,11 +397,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.topk > args.max_topk:
         parser.error(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
 
+    if args.faiss_index is None and (args.corpus or args.encoder):
+        parser.error("--corpus and --encoder go with --faiss-index")
+    if args.faiss_index is not None and not (args.corpus and args.encoder):
+        parser.error("--faiss-index needs --corpus (the JSONL whose row i is FAISS id i) and --encoder")
+
     from sorl_verl.retrieval import embedded_index, load_retriever
 
     try:
-        retriever = embedded_index() if args.embedded else load_retriever(args.index)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+        if args.faiss_index is not None:
+            retriever = load_retriever(faiss_index=args.faiss_index, corpus=args.corpus, encoder=args.encoder,
+                                       faiss_gpu={"auto": None, "yes": True, "no": False}[args.faiss_gpu])
+        else:
+            retriever = embedded_index() if args.embedded else load_retriever(args.index)
+    except (OSError, ValueError, ImportError, RuntimeError) as e:  # OSError: a missing file or encoder model
         print(f"sorl-retriever: error: {e}", file=sys.stderr)
         sys.exit(2)
     app = create_app(retriever, default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch,
