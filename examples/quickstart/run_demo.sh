@@ -87,12 +87,14 @@ MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-160}"
 # data loaders, and the rollout's sampling generator (rollout.seed).
 SEED="${SEED:-1}"
 PREPARE_SEED="${PREPARE_SEED:-$SEED}"
-# The demonstration mix: the share of SFT demonstrations that answer at once with a wrong guess
-# (the entity's name) instead of searching. The warm start then searches with probability about
-# 1 - DEMO_MIX whatever the question (measured: logit spread 0.06-0.08 over questions, a seed's
-# bias up to 0.18), so greedy validation guesses everywhere while sampled rollouts still search
-# often enough for RL to learn from. 0.5 made the greedy warm start a coin flip per seed (it
-# searched 37% or 100% of the time). 0 = every demonstration searches: nothing left for RL.
+# The demonstration mix: the share of the SFT demonstrations' choices (search, or answer at once
+# with a wrong guess: the entity's name) that guess. The warm start then searches with
+# probability about 1 - DEMO_MIX whatever the question (measured: log-odds spread 0.06-0.08 over
+# questions, a seed's offset up to 0.18), so greedy validation guesses everywhere while sampled
+# rollouts still search often enough for RL to learn from. 0.5 made the greedy warm start a coin
+# flip per seed (it searched 37% or 100% of the time). At least half of the demonstrations search
+# whatever the mix (they teach copying); above 0.5 some of them carry no loss on their <search>
+# tag (sorl_verl/quickstart/task.py, plan_demonstrations). 0 = every demonstration searches.
 DEMO_MIX="${DEMO_MIX:-0.7}"
 # verl's replay buffer polls for finished rollouts every 2 s, so a ~1 s rollout cost 4 s per step
 # and per validation; the quick start's sampler (sorl_verl/quickstart/sampler.py) is verl's own

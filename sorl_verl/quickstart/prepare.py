@@ -28,9 +28,10 @@ from pathlib import Path
 from data_prep._common import write_parquet_atomic
 from sorl_verl.fileio import write_text_atomic
 from sorl_verl.quickstart.task import (
+    GUESS,
+    SEARCH,
     SEARCH_R1_TAGS,
     Fact,
-    choose_guessers,
     corpus_vocabulary,
     demonstration,
     fact_documents,
@@ -38,6 +39,7 @@ from sorl_verl.quickstart.task import (
     generate_facts,
     guess_demonstration,
     made_up_words,
+    plan_demonstrations,
     prompt_messages,
     write_facts,
 )
@@ -56,8 +58,8 @@ class PrepareConfig:
 
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     seed: int = 0
-    # the demonstration mix: this share of the SFT demonstrations answers at once with a wrong
-    # guess instead of searching (task.guess_demonstration), so RL has to teach *when to search*
+    # the demonstration mix: this share of the SFT demonstrations' choices is a wrong guess at once
+    # instead of a search (task.plan_demonstrations), so RL has to teach *when to search*
     guess_fraction: float = 0.7
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
     topk: int = 1  # passages per search, in the demonstrations and in the agent loop
@@ -91,22 +93,26 @@ def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
 
 
 def demonstration_segments(
-    facts: list[Fact], index_dir: Path, topk: int, guess: list[bool] | None = None
+    facts: list[Fact], index_dir: Path, topk: int, kinds: list[str] | None = None
 ) -> list[list[tuple[str, bool]]]:
     """Each fact's demonstration, with the observation the agent loop would show for its query.
 
-    Where ``guess[i]`` is true, fact ``i`` gets the guessing demonstration instead (no search).
+    ``kinds[i]`` (from :func:`~sorl_verl.quickstart.task.plan_demonstrations`; default: every
+    one searches) picks fact ``i``'s kind: guessing, searching, or searching without a loss
+    on the choice to search.
     """
     from sorl_verl.agent.retrieval_client import format_passages
     from sorl_verl.agent.search_r1_loop import information_block
     from sorl_verl.retrieval import load_retriever
 
-    guess = guess or [False] * len(facts)
+    kinds = kinds or [SEARCH] * len(facts)
     retriever = load_retriever(index_dir)
     hit_lists = retriever.search([f.query for f in facts], topk=topk)
     return [
-        guess_demonstration(f) if g else demonstration(f, information_block(format_passages(hits)))
-        for f, hits, g in zip(facts, hit_lists, guess, strict=True)
+        guess_demonstration(f)
+        if kind == GUESS
+        else demonstration(f, information_block(format_passages(hits)), teach_choice=kind == SEARCH)
+        for f, hits, kind in zip(facts, hit_lists, kinds, strict=True)
     ]
 
 
@@ -118,8 +124,8 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
     from sorl_verl.quickstart.sft import tokenize_trajectory, train_sft
 
     sft_facts = [f for f in facts if f.split == "sft"]
-    guess = choose_guessers(sft_facts, cfg.guess_fraction, seed=cfg.seed)
-    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, guess)
+    kinds = plan_demonstrations(len(sft_facts), cfg.guess_fraction, seed=cfg.seed)
+    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, kinds)
     texts = [f.question for f in facts] + [f.document_text for f in facts]
     texts += [text for demo in segments for text, _ in demo]
     model_dir = build_tiny_model(
@@ -151,7 +157,8 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         "n_params": meta["n_params"],
         "vocab_size": meta["vocab_size"],
         "sft_examples": len(examples),
-        "sft_guess_examples": sum(guess),
+        "sft_guess_examples": kinds.count(GUESS),
+        "sft_search_choice_taught": kinds.count(SEARCH),
         "sft_mean_tokens": sum(len(e.input_ids) for e in examples) / len(examples),
         "sft_loss_first": losses[0],
         "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),

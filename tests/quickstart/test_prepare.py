@@ -48,6 +48,7 @@ def test_files_and_rows(prepared):
     assert (run_dir / "model" / "model.safetensors").is_file()
     recorded = json.loads((run_dir / "prepare.json").read_text())
     assert recorded["sft_examples"] == 40 and recorded["sft_guess_examples"] == 10
+    assert recorded["sft_search_choice_taught"] == 30
     assert recorded["config"]["guess_fraction"] == 0.25
 
 

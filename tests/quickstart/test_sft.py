@@ -36,11 +36,26 @@ def test_information_tokens_are_masked_and_everything_else_of_the_response_train
     prompt = tokenizer.apply_chat_template(prompt_messages(fact.question), add_generation_prompt=True, tokenize=True)
     n_prompt = len(prompt["input_ids"])
     pieces = [tokenizer.encode(text, add_special_tokens=False) for text, _ in segments]
-    assert example.input_ids == list(prompt["input_ids"]) + pieces[0] + pieces[1] + pieces[2] + [tokenizer.eos_token_id]
-    expected_mask = [0] * n_prompt + [1] * len(pieces[0]) + [0] * len(pieces[1]) + [1] * len(pieces[2]) + [1]
+    assert example.input_ids == list(prompt["input_ids"]) + [t for p in pieces for t in p] + [tokenizer.eos_token_id]
+    expected_mask = [0] * n_prompt + [m for p, (_, trainable) in zip(pieces, segments, strict=True) for m in [int(trainable)] * len(p)] + [1]
     assert example.loss_mask == expected_mask
-    info_ids = example.input_ids[n_prompt + len(pieces[0]) : n_prompt + len(pieces[0]) + len(pieces[1])]
-    assert tokenizer.decode(info_ids) == INFO
+    start = n_prompt + sum(len(p) for p in pieces[:3])
+    assert tokenizer.decode(example.input_ids[start : start + len(pieces[3])]) == INFO
+    # the model's own text, cut at the tags into segments, gives the tokens of the whole text:
+    # what the model generates in one piece is what SFT trained on
+    own = segments[0][0] + segments[1][0] + segments[2][0]
+    assert pieces[0] + pieces[1] + pieces[2] == tokenizer.encode(own, add_special_tokens=False)
+
+
+def test_untaught_choice_masks_only_the_search_tag(tiny):
+    _, tokenizer, facts = tiny
+    taught = tokenize_trajectory(tokenizer, prompt_messages(facts[0].question), demonstration(facts[0], INFO))
+    untaught = tokenize_trajectory(
+        tokenizer, prompt_messages(facts[0].question), demonstration(facts[0], INFO, teach_choice=False)
+    )
+    assert untaught.input_ids == taught.input_ids
+    diff = [i for i, (a, b) in enumerate(zip(taught.loss_mask, untaught.loss_mask, strict=True)) if a != b]
+    assert len(diff) == 1 and tokenizer.convert_ids_to_tokens(taught.input_ids[diff[0]]) == "<search>"
 
 
 def test_observation_is_cut_like_the_agent_loop(tiny):

@@ -10,13 +10,13 @@ from sorl_verl.quickstart.task import (
     RELATIONS,
     SPLITS,
     Fact,
-    choose_guessers,
     demonstration,
     fact_documents,
     fact_row,
     generate_facts,
     guess_demonstration,
     made_up_words,
+    plan_demonstrations,
     write_facts,
 )
 
@@ -120,9 +120,13 @@ def test_row_is_scored_by_the_reward_router_with_qa_em():
 def test_demonstration_marks_only_the_observation_untrainable():
     fact = generate_facts(SIZES, seed=0)[0]
     segments = demonstration(fact, "\n\n<information>X</information>\n\n")
-    assert [trainable for _, trainable in segments] == [True, False, True]
-    assert segments[0][0].endswith(f"<search> {fact.query} </search>")
-    assert segments[2][0].endswith(f"<answer> {fact.value} </answer>")
+    assert [trainable for _, trainable in segments] == [True, True, True, False, True]
+    assert "".join(t for t, _ in segments[:3]).endswith(f"</think>\n<search> {fact.query} </search>")
+    assert segments[4][0].endswith(f"<answer> {fact.value} </answer>")
+    # the choice to search untaught: only the <search> tag loses its loss
+    untaught = demonstration(fact, "\n\n<information>X</information>\n\n", teach_choice=False)
+    assert [t for t, _ in untaught] == [t for t, _ in segments]
+    assert [trainable for _, trainable in untaught] == [True, False, True, False, True] and untaught[1][0] == "<search>"
 
 
 def test_row_has_the_shared_schema_and_keeps_the_quick_start_fields(tmp_path):
@@ -155,16 +159,22 @@ def test_guess_demonstration_answers_the_entity_at_once_and_scores_zero():
     assert compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
 
 
-@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.5, 1.0])
-def test_choose_guessers_takes_the_fraction_deterministically(fraction):
-    facts = generate_facts(SIZES, seed=0)[:40]
-    picks = choose_guessers(facts, fraction, seed=5)
-    assert sum(picks) == round(fraction * 40) and len(picks) == 40
-    assert picks == choose_guessers(facts, fraction, seed=5)
+@pytest.mark.parametrize(
+    "fraction, guesses, taught, untaught",
+    [(0.0, 0, 40, 0), (0.3, 12, 28, 0), (0.5, 20, 20, 0), (0.7, 20, 9, 11), (1.0, 20, 0, 20)],
+)
+def test_plan_demonstrations_mix(fraction, guesses, taught, untaught):
+    kinds = plan_demonstrations(40, fraction, seed=5)
+    assert (kinds.count("guess"), kinds.count("search"), kinds.count("search, choice untaught")) == (guesses, taught, untaught)
+    # at least half of the demonstrations search; the taught choices guess `fraction` of the time
+    assert kinds.count("guess") <= 20
+    if guesses + taught:
+        assert guesses / (guesses + taught) == pytest.approx(fraction, abs=0.03)
+    assert kinds == plan_demonstrations(40, fraction, seed=5)
     if 0 < fraction < 1:
-        assert picks != choose_guessers(facts, fraction, seed=6)
+        assert kinds != plan_demonstrations(40, fraction, seed=6)
 
 
-def test_choose_guessers_rejects_a_fraction_outside_0_1():
+def test_plan_demonstrations_rejects_a_fraction_outside_0_1():
     with pytest.raises(ValueError, match="guess_fraction"):
-        choose_guessers([], 1.5, seed=0)
+        plan_demonstrations(10, 1.5, seed=0)
