@@ -11,6 +11,7 @@ import pytest
 from sorl_verl.retrieval import load_retriever
 from sorl_verl.retrieval.artifacts import FaissArtifactRetriever, MmapCorpus
 from sorl_verl.retrieval.corpus import CorpusFormatError, format_contents, iter_corpus
+from sorl_verl.retrieval.dense import HashingEncoder
 from sorl_verl.retrieval.store import IndexFormatError
 
 faiss = pytest.importorskip("faiss")
@@ -227,3 +228,39 @@ def test_search_r1_layout_with_e5_prefixes(tmp_path, tiny_e5):
         best = np.argsort(-scores[j], kind="stable")[:4]
         assert [h["score"] for h in query_hits] == pytest.approx(scores[j, best].tolist(), abs=1e-4)
         assert [h["document"]["id"] for h in query_hits] == [rows[i]["id"] for i in best]
+
+
+# ---- sorl-retriever --faiss-index -------------------------------------------------------------
+
+
+def test_sorl_retriever_serves_search_r1_artifacts(tmp_path, monkeypatch, capsys, live_server_class):
+    import httpx
+
+    from sorl_verl.retrieval import server
+
+    rows = corpus_rows(12)
+    write_rows(tmp_path / "wiki-18.jsonl", rows)
+    search_r1_index(tmp_path / "e5_Flat.index", HashingEncoder(32).encode([r["contents"] for r in rows]))
+    served = {}
+    monkeypatch.setattr(server, "serve", lambda app, host, port, **kw: served.update(app=app, port=port))
+    server.main(["--faiss-index", str(tmp_path / "e5_Flat.index"), "--corpus", str(tmp_path / "wiki-18.jsonl"),
+                 "--encoder", "hashing:32", "--faiss-gpu", "no", "--port", "8123"])
+    assert served["port"] == 8123
+    with live_server_class(served["app"]) as live:
+        assert httpx.get(live.url + "/health").json()["num_docs"] == 12
+        reply = httpx.post(live.url + "/retrieve", json={"queries": [rows[5]["contents"]], "topk": 2,
+                                                         "return_scores": True}, timeout=30).json()
+    assert reply["result"][0][0]["document"] == rows[5] and reply["result"][0][0]["score"] == pytest.approx(1.0, abs=1e-5)
+
+    for argv, message in (
+        (["--faiss-index", "x.index", "--corpus", "c.jsonl"], "needs --corpus"),
+        (["--index", "folder", "--encoder", "hashing:8"], "go with --faiss-index"),
+        (["--faiss-index", "x.index", "--index", "folder"], "not allowed with"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            server.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        server.main(["--faiss-index", str(tmp_path / "missing.index"), "--corpus", str(tmp_path / "wiki-18.jsonl"),
+                     "--encoder", "hashing:32"])
+    assert exit_info.value.code == 2 and "FAISS index file not found" in capsys.readouterr().err
