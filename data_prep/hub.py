@@ -26,8 +26,8 @@ mmlu_med   cais/mmlu (six subject configs)      test                         mml
 
 PubMedQA's hub copy holds all 1,000 expert-labelled questions, of which MIRAGE's test set is
 the official 500; the hub does not mark which, so ``--hf`` pubmedqa gives the 1,000 (a warning
-says so). ``--hf-repo NAME=PATH`` (or ``--hf-repo PATH`` for the QA sets) reads another repo or a
-local folder in the hub's layout (a ``huggingface-cli download --repo-type dataset`` snapshot),
+says so). ``--hf-repo PATH`` (QA) or ``--hf-repo NAME=PATH`` (medical, repeatable) reads another
+repo or a local folder in the hub's layout (a ``huggingface-cli download --repo-type dataset`` snapshot),
 which is also how the tests run offline.
 """
 
@@ -75,17 +75,15 @@ def parse_names(text: str, known: Iterable[str], what: str) -> list[str]:
     return names
 
 
-def parse_repo_overrides(specs: Iterable[str] | None, names: Iterable[str], default_key: str | None = None) -> dict:
-    """``["medqa=/data/medqa", "/data/flashrag"]`` -> ``{"medqa": "/data/medqa", default_key: "/data/flashrag"}``."""
+def parse_repo_overrides(specs: Iterable[str] | None, names: Iterable[str]) -> dict:
+    """``["medqa=/data/medqa", "mmlu_med=cais/mmlu"]`` -> ``{"medqa": "/data/medqa", "mmlu_med": "cais/mmlu"}``."""
     names = tuple(names)
     out = {}
     for spec in specs or ():
         name, sep, repo = spec.partition("=")
         if not sep:
-            if default_key is None:
-                raise DataPrepError(f"--hf-repo {spec!r}: expected NAME=REPO with NAME one of {', '.join(names)}")
-            name, repo = default_key, spec
-        elif name not in names:
+            raise DataPrepError(f"--hf-repo {spec!r}: expected NAME=REPO with NAME one of {', '.join(names)}")
+        if name not in names:
             raise DataPrepError(f"--hf-repo {spec!r}: unknown name {name!r}; choose from {', '.join(names)}")
         if not repo:
             raise DataPrepError(f"--hf-repo {spec!r}: empty repo")

@@ -196,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="MIRAGE medical multiple choice (MedQA, MedMCQA, PubMedQA*, MMLU-Med) -> verl parquet, "
         "one file per data set: OUTPUT_DIR/<name>.parquet.",
     )
-    parser.add_argument("--mirage-dir", type=Path, required=True, help="folder with medqa/ medmcqa/ pubmedqa/ mmlu_med/")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--mirage-dir", type=Path, help="folder with medqa/ medmcqa/ pubmedqa/ mmlu_med/")
+    source.add_argument("--hf", action="store_true",
+                        help="the sets' public copies on the Hugging Face hub, through datasets (see data_prep.hub)")
+    parser.add_argument("--hf-repo", action="append", metavar="NAME=REPO",
+                        help="with --hf: another repo or a local folder in the hub's layout for data set NAME (repeatable)")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument(
         "--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {','.join(DATASETS)} (default: all)"
@@ -208,8 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         if name not in DATASETS:
             raise DataPrepError(f"unknown medical data set {name!r}; choose from {', '.join(DATASETS)}")
+    mirage_dir = args.mirage_dir
+    if args.hf_repo and not args.hf:
+        parser.error("--hf-repo goes with --hf")
+    if args.hf:
+        from data_prep import hub
+
+        mirage_dir = hub.fetch_medical(names, hub.parse_repo_overrides(args.hf_repo, DATASETS))
     for name in names:
-        rows = convert(name, args.mirage_dir, args.agent_name, args.limit, args.sample, args.seed)
+        rows = convert(name, mirage_dir, args.agent_name, args.limit, args.sample, args.seed)
         output = write_parquet_atomic(rows, args.output_dir / f"{name}.parquet")
         print(f"wrote {len(rows)} rows to {output}")
     return 0

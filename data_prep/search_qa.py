@@ -113,20 +113,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m data_prep.search_qa",
         description="Search-R1 QA JSONL (FlashRAG or NQ-Open format) -> verl parquet with Search-R1's prompt.",
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--input",
         action="append",
         type=parse_input,
-        required=True,
         metavar="NAME=PATH",
         help=f"a data set and its JSONL file; repeat to build a mix. NAME is one of {', '.join(DATA_SOURCES)}",
     )
+    source.add_argument(
+        "--hf",
+        metavar="NAME,...",
+        help="data sets by name from the Hugging Face hub through datasets (FlashRAG's, as Search-R1 loads them; "
+        "see data_prep.hub), e.g. nq,hotpotqa",
+    )
+    parser.add_argument("--hf-repo", default=None, help="with --hf: another repo, or a local folder in the hub's layout "
+                        "(default RUC-NLPIR/FlashRAG_datasets)")
     parser.add_argument("--split", required=True, help="written to extra_info.split (Search-R1: train or test)")
     parser.add_argument("--output", type=Path, required=True, help="parquet file to write (atomically)")
     parser.add_argument("--agent-name", default=SEARCH_AGENT, help=f"agent loop per row (default: {SEARCH_AGENT})")
     add_subset_args(parser)
     args = parser.parse_args(argv)
-    rows = convert(args.input, args.split, args.agent_name, args.limit, args.sample, args.seed)
+    inputs = args.input
+    if args.hf_repo is not None and args.hf is None:
+        parser.error("--hf-repo goes with --hf")
+    if args.hf is not None:
+        from data_prep import hub
+
+        names = hub.parse_names(args.hf, DATA_SOURCES, "QA data set")
+        inputs = hub.fetch_qa(names, args.split, repo=args.hf_repo or hub.FLASHRAG_REPO)
+    rows = convert(inputs, args.split, args.agent_name, args.limit, args.sample, args.seed)
     write_parquet_atomic(rows, args.output)
     print(f"wrote {len(rows)} rows to {args.output}")
     return 0

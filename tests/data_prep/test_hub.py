@@ -129,8 +129,24 @@ def test_medmcqa_without_answers_is_refused(medical_repos, monkeypatch):
 def test_repo_overrides():
     assert hub.parse_repo_overrides(["medqa=/x", "mmlu_med=cais/mmlu"], hub.MEDICAL_HUB) == \
         {"medqa": "/x", "mmlu_med": "cais/mmlu"}
-    assert hub.parse_repo_overrides(["/snap"], ["flashrag"], default_key="flashrag") == {"flashrag": "/snap"}
     with pytest.raises(DataPrepError, match="expected NAME=REPO"):
         hub.parse_repo_overrides(["/snap"], hub.MEDICAL_HUB)
     with pytest.raises(DataPrepError, match="unknown name 'nq'"):
         hub.parse_repo_overrides(["nq=/x"], hub.MEDICAL_HUB)
+
+
+def test_command_lines(flashrag, medical_repos, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "qa" / "test.parquet"
+    assert search_qa.main(["--hf", "nq,bamboogle", "--hf-repo", str(flashrag), "--split", "test", "--output", str(out)]) == 0
+    assert pq.read_table(out).column("data_source").to_pylist() == ["nq"] * 3 + ["bamboogle"] * 2
+    with pytest.raises(SystemExit):
+        search_qa.main(["--hf", "nq", "--input", f"nq={out}", "--split", "test", "--output", str(out)])
+    assert "not allowed with" in capsys.readouterr().err
+    out_dir = tmp_path / "medical"
+    assert medical.main(["--hf", "--hf-repo", f"medqa={medical_repos['medqa']}", "--hf-repo",
+                         f"medmcqa={medical_repos['medmcqa']}", "--datasets", "medqa,medmcqa",
+                         "--output-dir", str(out_dir)]) == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["medmcqa.parquet", "medqa.parquet"]
+    assert pq.read_table(out_dir / "medmcqa.parquet").to_pylist()[0]["reward_model"]["ground_truth"]["target"] == ["C"]
