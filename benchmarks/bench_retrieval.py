@@ -16,6 +16,7 @@ Figures printed:
   ``--load 1000`` the same for 1000 concurrent clients beside it (target 0 errors, p99 <= 400 ms).
 
     python benchmarks/bench_retrieval.py --server-only --load 1000   # just the two server runs
+    python benchmarks/bench_retrieval.py --server-only --drain       # and SIGTERM under load
 
 Synthetic corpus (ours): passages of 100 words drawn independently from the embedded
 corpus's word frequencies (so stopword share and the term-frequency tail look like real
@@ -198,6 +199,54 @@ def server_latency(index_dir: Path, load: int = 0) -> None:
               f"(load average now {os.getloadavg()[0]:.1f})")
 
 
+def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1000) -> None:
+    """SIGTERM while ``clients`` clients loop on single-query requests: every request must get an HTTP
+    answer (200, or 503 once the drain began) and the server must exit 0. Each client stops at its
+    first non-200 answer or refused connection; bounded by 60 s before and 40 s after the signal."""
+    import signal
+
+    proc, url = start_server(index_dir)
+    statuses: list[int] = []
+    failures: list[str] = []
+
+    async def client(session, worker):
+        while True:
+            try:
+                async with session.post(url + "/retrieve", json={"queries": [f"capital {worker}"], "topk": 1}) as r:
+                    await r.read()
+                    statuses.append(r.status)
+                    if r.status != 200:
+                        return
+            except aiohttp.ClientConnectorError:  # refused: the server has closed its socket
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                failures.append(type(error).__name__)
+                return
+
+    async def run():
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+            tasks = [asyncio.create_task(client(session, w)) for w in range(clients)]
+            give_up = time.monotonic() + 60
+            while len(statuses) < before_signal and time.monotonic() < give_up:
+                await asyncio.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await asyncio.wait(tasks, timeout=40)
+            return signalled
+
+    signalled = asyncio.run(run())
+    try:
+        code = proc.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        code = "none (killed after 40 s)"
+        proc.kill()
+    print(f"\n-- SIGTERM under load: {clients} clients, signal after {before_signal} answers")
+    print(f"   answers {len(statuses)} (200: {statuses.count(200)}, 503: {statuses.count(503)}), "
+          f"transport errors {len(failures)} {sorted(set(failures))}, exit code {code}, "
+          f"exited {time.monotonic() - signalled:.1f} s after the signal   (target: 0 errors, exit 0)")
+
+
 def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, seed: int = 0) -> list[str]:
     """Write ``passages`` synthetic passages as corpus JSONL; returns their texts."""
     counts = Counter()
@@ -226,7 +275,8 @@ def main() -> None:
     parser.add_argument("--no-server", action="store_true")
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="also run N concurrent clients against the server (the issue's figure: 1000)")
-    parser.add_argument("--server-only", action="store_true", help="only the server latency section")
+    parser.add_argument("--server-only", action="store_true", help="only the server sections")
+    parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")
     args = parser.parse_args()
     if args.load < 0 or args.load > 5000:
         parser.error("--load must be between 0 and 5000")
@@ -246,6 +296,8 @@ def main() -> None:
             compare_bm25("embedded Wikipedia", retriever, doc_texts, questions[: 4 * BATCH], BATCH)
         if not args.no_server:
             server_latency(index_10k, load=args.load)
+            if args.drain:
+                drain_under_load(index_10k)
 
         if args.synthetic:
             n = args.synthetic
