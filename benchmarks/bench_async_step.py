@@ -19,6 +19,7 @@ not against other runs; the 1-minute load average before and after each run is p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -53,7 +54,7 @@ def run_mode(source: Path | None, run_dir: Path, mode: str, steps: int, algo: st
         for name in PREPARED:
             copy = shutil.copytree if (source / name).is_dir() else shutil.copy2
             copy(source / name, run_dir / name)
-    env = {**os.environ, "STEPS": str(steps), "SAVE_FREQ": "-1", "TEST_FREQ": "-1"}
+    env = {**os.environ, **demo_settings(source), "STEPS": str(steps), "SAVE_FREQ": "-1", "TEST_FREQ": "-1"}
     command = [
         "bash", str(REPO / "examples" / "quickstart" / "run_demo.sh"), algo, "--out", str(run_dir),
         f"trainer.v1.trainer_mode={mode}", "trainer.val_before_train=False",
@@ -62,10 +63,24 @@ def run_mode(source: Path | None, run_dir: Path, mode: str, steps: int, algo: st
     # the demo's report step may complain that there is no validation score: only the
     # trainer's metrics matter here, so the run is judged by the steps it logged
     done = subprocess.run(command, env=env, check=False)
+    if not list(run_dir.glob("metrics*.jsonl")):
+        raise SystemExit(f"error: the {mode} run logged no metrics (exit {done.returncode}); see its output above")
     metrics = read_metrics(find_metrics_files(run_dir))
     if sorted(s for s in metrics if s >= 1)[-1:] != [steps]:
         raise SystemExit(f"error: {mode} run stopped early (exit {done.returncode}); see {run_dir / 'train.log'}")
     return metrics
+
+
+# run_demo.sh's variables for the prepare settings recorded in prepare.json (its prepare step
+# refuses a folder prepared with other settings)
+_DEMO_ENV = {"guess_fraction": "DEMO_MIX", "topk": "TOPK", "max_obs_length": "MAX_OBS_LENGTH", "seed": "PREPARE_SEED"}
+
+
+def demo_settings(source: Path | None) -> dict[str, str]:
+    if source is None:
+        return {}
+    recorded = json.loads((source / "prepare.json").read_text(encoding="utf-8")).get("config", {})
+    return {env: str(recorded[key]) for key, env in _DEMO_ENV.items() if key in recorded}
 
 
 def summarize(steps: dict[int, dict[str, float]]) -> dict[str, float | None]:
