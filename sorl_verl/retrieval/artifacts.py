@@ -61,15 +61,14 @@ def _fingerprint(path: Path) -> dict:
     return {"corpus_size": size, "head_sha256": head, "tail_sha256": tail}
 
 
-def _default_offsets_dir(corpus: Path) -> Path:
-    """Beside the corpus when its folder is writable, else in the cache (keyed by the corpus's path)."""
-    beside = corpus.with_name(corpus.name + OFFSETS_SUFFIX)
-    if os.access(corpus.parent, os.W_OK):
-        return beside
+def _offsets_dir_candidates(corpus: Path) -> list[Path]:
+    """Beside the corpus, then the cache (keyed by the corpus's path): a table is looked for in both,
+    and built in the first whose folder is writable."""
     from sorl_verl.retrieval import default_cache_dir
 
     key = hashlib.sha256(str(corpus.resolve()).encode()).hexdigest()[:12]
-    return default_cache_dir() / "corpus_offsets" / f"{corpus.name}-{key}{OFFSETS_SUFFIX}"
+    return [corpus.with_name(corpus.name + OFFSETS_SUFFIX),
+            default_cache_dir() / "corpus_offsets" / f"{corpus.name}-{key}{OFFSETS_SUFFIX}"]
 
 
 def scan_rows(path: Path, show_progress: bool = True) -> np.ndarray:
@@ -105,7 +104,8 @@ class MmapCorpus:
     ``{"title", "text"}`` become Search-R1's ``contents`` (see :mod:`sorl_verl.retrieval.corpus`).
     The file is memory-mapped; the offset table (``(num_rows, 2)`` int64 byte spans,
     ``offsets.npy``, also memory-mapped) lives in ``offsets_dir`` (default: ``<corpus>.offsets``
-    beside the corpus, or the cache when that folder is read-only), is written atomically with a
+    beside the corpus, or the cache when the table is not beside it and that folder is read-only),
+    is written atomically with a
     ``meta.json`` recording the corpus's size and the digests of its first and last MiB, and is
     rebuilt when they no longer match. The first and last rows are checked on opening (a last
     row cut short means a truncated file); any other row is checked when read.
@@ -123,10 +123,15 @@ class MmapCorpus:
         if path.suffix == ".gz":
             raise CorpusFormatError(f"{path}: a gzip-compressed corpus cannot be memory-mapped; gunzip it first")
         self.path = path
-        self.offsets_dir = Path(offsets_dir) if offsets_dir is not None else _default_offsets_dir(path)
+        candidates = [Path(offsets_dir)] if offsets_dir is not None else _offsets_dir_candidates(path)
         self.rebuilt = False  # whether this open (re)built the offset table
         fingerprint = _fingerprint(path)
-        if not self._table_matches(fingerprint):
+        found = [c for c in candidates if self._table_matches(c, fingerprint)]
+        if found:
+            self.offsets_dir = found[0]
+        else:
+            writable = [c for c in candidates if c == candidates[-1] or os.access(c.parent, os.W_OK)]
+            self.offsets_dir = writable[0]
             self._build_table(fingerprint, show_progress)
             self.rebuilt = True
         self._spans = np.load(self.offsets_dir / "offsets.npy", mmap_mode="r")  # (num_rows, 2) int64
@@ -146,14 +151,15 @@ class MmapCorpus:
                 f"or is not the one the index was built from"
             )
 
-    def _table_matches(self, fingerprint: dict) -> bool:
-        meta_path = self.offsets_dir / "meta.json"
+    @staticmethod
+    def _table_matches(offsets_dir: Path, fingerprint: dict) -> bool:
+        meta_path = offsets_dir / "meta.json"
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return False
         expected = {"format": OFFSETS_FORMAT, "format_version": OFFSETS_VERSION, **fingerprint}
-        return all(meta.get(k) == v for k, v in expected.items()) and (self.offsets_dir / "offsets.npy").is_file()
+        return all(meta.get(k) == v for k, v in expected.items()) and (offsets_dir / "offsets.npy").is_file()
 
     def _build_table(self, fingerprint: dict, show_progress: bool) -> None:
         if self.offsets_dir.exists():

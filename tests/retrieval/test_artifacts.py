@@ -86,6 +86,24 @@ def test_mmap_corpus_rebuilds_its_table_when_the_corpus_changes(tmp_path):
     assert changed.rebuilt and changed[0]["id"] == "5" and changed[19]["id"] == "24"
 
 
+def test_offset_table_goes_to_the_cache_when_the_corpus_folder_is_read_only(tmp_path, monkeypatch):
+    from sorl_verl.retrieval import artifacts
+
+    monkeypatch.setenv("SORL_VERL_CACHE", str(tmp_path / "cache"))
+    shared, prebuilt = tmp_path / "shared", tmp_path / "prebuilt"
+    shared.mkdir()
+    prebuilt.mkdir()
+    write_rows(shared / "wiki.jsonl", corpus_rows(10))
+    write_rows(prebuilt / "wiki.jsonl", corpus_rows(10))
+    assert MmapCorpus(prebuilt / "wiki.jsonl", show_progress=False).offsets_dir == prebuilt / "wiki.jsonl.offsets"
+    monkeypatch.setattr(artifacts.os, "access", lambda path, mode: False)  # as for a read-only folder (we run as root)
+    corpus = MmapCorpus(shared / "wiki.jsonl", show_progress=False)
+    assert corpus.rebuilt and corpus.offsets_dir.parent == tmp_path / "cache" / "corpus_offsets"
+    assert not (shared / "wiki.jsonl.offsets").exists() and corpus[9]["id"] == "9"
+    again = MmapCorpus(prebuilt / "wiki.jsonl", show_progress=False)  # a table beside it is still used
+    assert not again.rebuilt and again.offsets_dir == prebuilt / "wiki.jsonl.offsets"
+
+
 def test_truncated_corpus_gives_an_error_naming_the_file(tmp_path):
     path = tmp_path / "wiki-18.jsonl"
     write_rows(path, corpus_rows(50))
