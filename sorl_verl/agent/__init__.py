@@ -10,7 +10,7 @@ module pulls in hydra, ray, transformers and the trainer's config classes (sever
   module first executes, which is before any agent loop can be looked up
   (``AgentLoopWorker`` reads the registry only after importing that module).
 
-Registering imports :mod:`sorl_verl.agent.search_r1_loop` (light once verl's module is loaded).
+Registering stores the loop's dotted path without importing :mod:`sorl_verl.agent.search_r1_loop`.
 It is done here, not with ``@register`` in that module: verl's worker loads an
 ``agent_loop_config_path`` file into the registry before hydra first imports the loop's module,
 and a decorator running then would overwrite that entry and drop its options. Nothing here may
@@ -34,12 +34,22 @@ REGISTRY_MODULE = "verl.experimental.agent_loop.agent_loop"
 _logger = logging.getLogger(__name__)
 
 
+class _LoopReference:
+    """What verl's ``register`` reads of a class: its ``__module__`` and ``__qualname__`` only
+    (it stores the dotted path, and hydra imports the loop when a worker instantiates it).
+
+    Registering this reference instead of the class keeps the loop module unimported here: that
+    module imports verl's registry module, so importing it from this hook would be circular
+    whenever the loop module is the one that first imports verl's registry (tests do).
+    """
+
+    __module__, _, __qualname__ = AGENT_LOOP_TARGET.rpartition(".")
+
+
 def _register(registry_module) -> None:
     # Runs right after verl's registry module loads, so no agent_loop_config_path entry
     # (written later, by AgentLoopWorker) can be overwritten here.
-    from sorl_verl.agent.search_r1_loop import SearchR1AgentLoop
-
-    registry_module.register(AGENT_LOOP_NAME)(SearchR1AgentLoop)
+    registry_module.register(AGENT_LOOP_NAME)(_LoopReference)
 
 
 def register_search_r1() -> None:

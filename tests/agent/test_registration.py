@@ -67,3 +67,18 @@ def test_import_hook_registers_when_the_registry_module_loads_later():
         VERL_USE_EXTERNAL_PLUGINS="none",
     )
     assert "OK" in out
+
+
+def test_registered_when_the_loop_module_is_what_first_imports_verls_registry():
+    # The loop module imports verl's registry module, whose import runs our hook: the hook must
+    # not import the (half-initialised) loop module back (it did, and the entry went missing).
+    out = run_fresh(
+        f"""
+        import sys
+        import sorl_verl.agent.search_r1_loop  # first import of verl's registry happens in here
+        from {REGISTRY} import _agent_loop_registry as registry
+        assert registry["search_r1"] == {{"_target_": "sorl_verl.agent.search_r1_loop.SearchR1AgentLoop"}}
+        print("OK")
+        """
+    )
+    assert "OK" in out
