@@ -43,7 +43,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
-from .advantages import TURN_GAE_OVERRIDES, provide_critic_values
+from .trainer import SorlTrainerMixin
 
 __all__ = [
     "SorlAsyncMixin",
@@ -107,44 +107,9 @@ def turn_staleness_metrics(
     }
 
 
-class SorlAsyncMixin:
-    """Put before a verl V1 trainer class: ``turn_gae`` critic values and turn staleness metrics.
-
-    ``VERL_MODE`` is the verl mode the subclass extends. verl's trainer keys its own behaviour
-    on the *name* in ``trainer.v1.trainer_mode`` (the replay buffer class, the mode's settings
-    section ``trainer.v1.<mode>``, e.g. ``parameter_sync_step``, checkpointing of in-flight
-    prompts: ``trainer_base.py``, verl 0.9.1), so ``self.trainer_mode`` answers ``VERL_MODE``
-    while the config keeps the registered name the user selected.
-    """
-
-    VERL_MODE: str = ""
-    REGISTERED_AS: str = ""
-
-    @property
-    def trainer_mode(self) -> str:
-        return self.VERL_MODE
-
-    @trainer_mode.setter
-    def trainer_mode(self, value: str) -> None:
-        # verl's __init__ assigns config.trainer.v1.trainer_mode here
-        if value not in (self.VERL_MODE, self.REGISTERED_AS):
-            raise ValueError(f"{type(self).__name__} runs as {self.REGISTERED_AS!r}, got trainer_mode={value!r}")
-
-    def __init__(self, config):
-        super().__init__(config)
-        if self._uses_turn_gae() and not self.use_critic:
-            raise ValueError(f"adv_estimator=turn_gae needs a critic. Run with: {TURN_GAE_OVERRIDES}")
-
-    def _uses_turn_gae(self) -> bool:
-        return str(self.config.algorithm.adv_estimator) == "turn_gae"
-
-    def _compute_advantage(self, batch, metrics):
-        if not self._uses_turn_gae():
-            return super()._compute_advantage(batch, metrics)
-        stored = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["values"])
-        values = stored.to_padded_tensor()["values"]
-        with provide_critic_values(values):
-            return super()._compute_advantage(batch, metrics)
+class SorlAsyncMixin(SorlTrainerMixin):
+    """:class:`~sorl_verl.algos.trainer.SorlTrainerMixin` (``turn_gae`` values, verl's mode name)
+    plus the turn staleness metrics."""
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)

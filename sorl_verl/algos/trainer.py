@@ -9,7 +9,8 @@ it reads the critic values that ``_compute_values`` just stored and makes them v
     algorithm.adv_estimator=turn_gae critic.enable=True trainer.v1.trainer_mode=sorl_sync
 
 (verl enables the critic by itself only for ``gae``.) Other estimators run unchanged under
-``sorl_sync``, so it is safe to use for every SORL run.
+``sorl_sync``, so it is safe to use for every SORL run. :class:`SorlTrainerMixin` is shared with
+the asynchronous trainers (:mod:`sorl_verl.algos.async_trainers`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,31 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from .advantages import TURN_GAE_OVERRIDES, provide_critic_values
 
-__all__ = ["SorlSyncTrainer"]
+__all__ = ["SorlSyncTrainer", "SorlTrainerMixin"]
 
 
-@register_trainer("sorl_sync")
-class SorlSyncTrainer(PPOTrainerSync):
-    """verl's ``sync`` trainer whose advantage step gives ``turn_gae`` the critic's values."""
+class SorlTrainerMixin:
+    """Put before a verl V1 trainer class: ``turn_gae`` gets the critic's values.
+
+    ``VERL_MODE`` is the verl mode the subclass extends. verl's trainer keys its own behaviour
+    on the *name* in ``trainer.v1.trainer_mode`` (the replay buffer class, the mode's settings
+    section ``trainer.v1.<mode>``, e.g. ``parameter_sync_step``, checkpointing of in-flight
+    prompts: ``trainer_base.py``, verl 0.9.1), so ``self.trainer_mode`` answers ``VERL_MODE``
+    while the config keeps the registered name the user selected.
+    """
+
+    VERL_MODE: str = ""
+    REGISTERED_AS: str = ""
+
+    @property
+    def trainer_mode(self) -> str:
+        return self.VERL_MODE
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        # verl's __init__ assigns config.trainer.v1.trainer_mode here
+        if value not in (self.VERL_MODE, self.REGISTERED_AS):
+            raise ValueError(f"{type(self).__name__} runs as {self.REGISTERED_AS!r}, got trainer_mode={value!r}")
 
     def __init__(self, config):
         super().__init__(config)
@@ -42,3 +62,11 @@ class SorlSyncTrainer(PPOTrainerSync):
         values = stored.to_padded_tensor()["values"]
         with provide_critic_values(values):
             return super()._compute_advantage(batch, metrics)
+
+
+@register_trainer("sorl_sync")
+class SorlSyncTrainer(SorlTrainerMixin, PPOTrainerSync):
+    """verl's ``sync`` trainer (verl's synchronous replay buffer and settings) for ``turn_gae``."""
+
+    VERL_MODE = "sync"
+    REGISTERED_AS = "sorl_sync"

@@ -32,6 +32,19 @@ def test_trainer_mode_answers_verls_mode_name():
         trainer.trainer_mode = "sync"
 
 
+
+def test_sorl_sync_runs_as_verls_sync_mode():
+    """Under its registered name verl would pick its asynchronous replay buffer for sorl_sync."""
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from sorl_verl.algos.trainer import SorlSyncTrainer
+
+    assert issubclass(SorlSyncTrainer, PPOTrainerSync)
+    trainer = object.__new__(SorlSyncTrainer)
+    trainer.trainer_mode = "sorl_sync"
+    assert trainer.trainer_mode == "sync"
+
+
 def test_turn_staleness_from_recorded_turns():
     # step 5 trains version 4. Trajectory A: turn 1 by version 2, turn 2 started on 3 and was
     # continued on 4 after an abort. B: one turn on version 4. C: padding (no version).

@@ -189,6 +189,6 @@ def test_sorl_sync_trainer_hands_critic_values_to_turn_gae(monkeypatch):
 
     # Without the hook verl's own sync trainer cannot run turn_gae.
     plain = get_trainer_cls("sync")
-    assert trainer_cls.__mro__[1] is plain
+    assert issubclass(trainer_cls, plain)
     with pytest.raises(ValueError, match="sorl_sync"):
         plain._compute_advantage(trainer, BatchMeta([f"k{i}" for i in range(4)]), metrics={})
