@@ -60,7 +60,7 @@ class PrepareConfig:
     seed: int = 0
     # the demonstration mix: this share of the SFT demonstrations' choices is a wrong guess at once
     # instead of a search (task.plan_demonstrations), so RL has to teach *when to search*
-    guess_fraction: float = 0.7
+    guess_fraction: float = 0.5
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
     topk: int = 1  # passages per search, in the demonstrations and in the agent loop
     max_obs_length: int = 64  # observation tokens kept, in the demonstrations and in the agent loop
