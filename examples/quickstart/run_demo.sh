@@ -90,13 +90,13 @@ PREPARE_SEED="${PREPARE_SEED:-$SEED}"
 # The demonstration mix: the share of the SFT demonstrations' choices (search, or answer at once
 # with a wrong guess: the entity's name) that guess; RL then has to teach *when to search*. The
 # warm start learns the choice as a coin of about that weight whatever the question (measured:
-# log-odds spread 0.06-0.08 over questions, a seed's offset -0.01 or +0.18), so at 0.5 greedy
-# validation searches on all, some or none of the questions depending on the seed: seed 1 met
-# the issue's target (+0.26 GRPO, +0.32 SO-GRPO), seed 2 did not (its warm start searched
-# everywhere and scored 0.867). Above 0.5 at least half of the demonstrations still search (they
-# teach copying) and some carry no loss on <search> (task.plan_demonstrations); 0.7 was tried
-# and its 600 SFT steps did not learn to copy (docs/quickstart.md). 0 = every one searches.
-DEMO_MIX="${DEMO_MIX:-0.5}"
+# log-odds spread 0.06-0.27 over questions, a seed's offset up to 0.18), so at 0.7 greedy
+# validation guesses everywhere while sampled rollouts still search about a quarter of the time.
+# At 0.5 greedy validation searched on all, some or none of the questions depending on the seed.
+# At least half of the demonstrations search whatever the mix (they teach copying; 1000 SFT steps
+# learn it, 600 did not reliably); above 0.5 some carry no loss on <search>
+# (task.plan_demonstrations). 0 = every demonstration searches. docs/quickstart.md has the runs.
+DEMO_MIX="${DEMO_MIX:-0.7}"
 # verl's replay buffer polls for finished rollouts every 2 s, so a ~1 s rollout cost 4 s per step
 # and per validation; the quick start's sampler (sorl_verl/quickstart/sampler.py) is verl's own
 # with this poll interval. Empty: verl's built-in sampler (needed for DAPO's filter_groups).

@@ -60,14 +60,14 @@ class PrepareConfig:
     seed: int = 0
     # the demonstration mix: this share of the SFT demonstrations' choices is a wrong guess at once
     # instead of a search (task.plan_demonstrations), so RL has to teach *when to search*
-    guess_fraction: float = 0.5
+    guess_fraction: float = 0.7
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
     topk: int = 1  # passages per search, in the demonstrations and in the agent loop
     max_obs_length: int = 64  # observation tokens kept, in the demonstrations and in the agent loop
     vocab_size: int = 1024  # BPE merges; the made-up names come on top, one token each
     hidden_size: int = 128
     num_layers: int = 2
-    sft_steps: int = 600
+    sft_steps: int = 1000
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
 
