@@ -17,7 +17,7 @@ to back on the same batch (order rotated per repeat; ratios are medians of per-r
 * ``st_ppo exact``: the batch scope plus the exact mode's parameter-space norms (two more
   backward passes per micro-batch).
 
-Target (issue on the correction): ``st_ppo batch`` / ``vanilla`` <= 1.05. On a real model the
+Target: ``st_ppo batch`` / ``vanilla`` <= 1.05. On a real model the
 loss is a far smaller share of an update than here, so the CPU ratio is an upper bound.
 
 Then the agreement table: for several noise levels, one micro-batch, the token-space ratio

@@ -9,7 +9,7 @@ definitions, documented in docs/stability.md):
   ``final`` = its value at the last validated step;
 - ``auc`` = the trapezoid area under it divided by the steps it spans: the mean score over
   training, in score units, so runs of different lengths compare;
-- ``collapsed``: ``final <= warm - 0.15`` or ``final < peak / 2`` (issue 9's rule);
+- ``collapsed``: ``final <= warm - 0.15`` or ``final < peak / 2``: the run ends 0.15 below its warm start or below half its peak;
 - clip fractions: the mean over training steps of the token and turn clip fractions, where the
   run logs them (names from ``tables.plot.STABILITY_PANELS``, so renamed metrics follow it).
 

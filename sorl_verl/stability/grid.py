@@ -55,7 +55,7 @@ PRESSURES: dict[str, Pressure] = {
         Pressure("reuse_4x4", "update reuse: 4 epochs x 4 mini-batches (16 updates per step)", 4, 4),
         Pressure("reuse_8x8", "update reuse: 8 epochs x 8 mini-batches (64 updates per step)", 8, 8),
         Pressure("lr_5e-4", "learning rate 5x the demo's (5e-4), 1 epoch x 2 mini-batches", 1, 2, actor_lr=5e-4),
-        # Stale rollouts (issue 10), once the async trainers run the quick start's agent loop on CPU in
+        # Stale rollouts (verl's async trainers), once they run the quick start's agent loop on CPU in
         # a measured run: one entry per k, with the overrides of examples/math/train.sh (k=0 is the
         # synchronous reuse_1x2), e.g.
         # Pressure("stale_k2", "rollouts up to 2 policy versions old", 1, 2, overrides=(

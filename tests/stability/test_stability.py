@@ -110,7 +110,7 @@ def test_grid_errors_name_the_problem():
 
 
 def test_a_new_pressure_is_one_entry():
-    """The stale-rollout axis (issue 10) plugs in as a Pressure with its own overrides."""
+    """The stale-rollout axis (the async trainers) plugs in as a Pressure with its own overrides."""
     stale = Pressure(
         "stale_k2", "rollouts 2 versions old", overrides=("trainer.v1.sampler.max_off_policy_threshold=2",)
     )

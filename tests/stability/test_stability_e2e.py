@@ -1,4 +1,4 @@
-"""`python -m sorl_verl.stability run` through verl's real trainer on a 2-run, 2-step grid (issue 9's check).
+"""`python -m sorl_verl.stability run` through verl's real trainer on a 2-run, 2-step grid.
 
 One warm start (tiny model, 3 SFT steps), GRPO and SO-GRPO at the demo's pressure, 8 trajectories
 per step: the folder layout, the resume (a second call launches nothing), the table and figures.
