@@ -299,3 +299,11 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except DataPrepError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def parse_input(spec: str) -> tuple[str, Path]:
+    """``--input NAME=PATH`` (argparse ``type``): ``(data_source, path)``."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {spec!r}")
+    return name, Path(path)

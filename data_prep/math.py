@@ -35,13 +35,13 @@ from data_prep._common import (
     add_subset_args,
     located,
     make_row,
+    parse_input,
     read_records,
     require_records,
     run_cli,
     select_indices,
     write_parquet_atomic,
 )
-from data_prep.search_qa import parse_input
 from data_prep.templates import dapo_problem, render_dapo_math
 
 DATA_SOURCES = ("dapo_math", "aime2024")

@@ -31,6 +31,7 @@ from data_prep._common import (
     add_subset_args,
     located,
     make_row,
+    parse_input,
     read_jsonl,
     require_records,
     required_text,
@@ -99,13 +100,6 @@ def convert(
                 )
             )
     return rows
-
-
-def parse_input(spec: str) -> tuple[str, Path]:
-    name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {spec!r}")
-    return name, Path(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
