@@ -2,8 +2,6 @@
 and the alias / gold matching stays linear: one 1 MB answer against 1000 aliases is one pass."""
 
 import math
-import signal
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -97,22 +95,6 @@ def test_gold_aliases_match_search_r1s_per_alias_checks(golds, answer):
     assert aliases.best_f1(normalized) == pytest.approx(expected_f1)
 
 
-@contextmanager
-def hang_guard(seconds):
-    """Fails a call that takes many times its linear cost (seconds before the fix), not a speed target."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"reward did not return within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 MB = 1 << 20
 ALIASES = {"target": [f"alias number {i} of the answer" for i in range(1000)]}
 WORDS = ("paris city light river seine alias number answer " * (MB // 48))[:MB]
@@ -124,6 +106,6 @@ WORDS = ("paris city light river seine alias number answer " * (MB // 48))[:MB]
     ("nq", "<answer>" + "x" * MB + "</answer>", {"target": ["x" * 50 + str(i) for i in range(1000)]}, {}),
     ("aime2024", "\\boxed{" + "9" * 999 + "x}", {"target": [str(i) * 3 for i in range(1000)]}, {}),  # was ~10 s
 ])
-def test_many_aliases_against_a_huge_answer_stay_linear(source, text, gold, kwargs):
+def test_many_aliases_against_a_huge_answer_stay_linear(source, text, gold, kwargs, hang_guard):
     with hang_guard(5):  # ~0.2 s after the fix on 2 busy cores
         check(compute_score(source, text, gold, None, **kwargs))
