@@ -27,6 +27,8 @@ STABILITY_PANELS: list[tuple[str, list[str]]] = [
     ("Turn clip fraction", [r"actor/sorl/clipfrac_turn"]),
     ("Actor gradient norm", [r"actor/grad_norm"]),
     ("Approx. KL to rollout policy", [r"actor/ppo_kl"]),
+    # logged by the asynchronous trainers only (sorl_verl.algos.async_trainers): stale-rollout pressure
+    ("Turn staleness (mean)", [r"actor/sorl/turn_staleness_mean"]),
 ]
 
 
@@ -78,7 +80,15 @@ def plot_runs(runs: list[Run], out: str | Path, extra_panels: list[tuple[str, li
             if xs:
                 # Few validation points: markers make each one visible; dense training curves: lines only.
                 marker = "o" if len(xs) <= 30 else None
-                ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1.4, color=colors[i % len(colors)], label=run_label(run))
+                ax.plot(
+                    xs,
+                    ys,
+                    marker=marker,
+                    markersize=3,
+                    linewidth=1.4,
+                    color=colors[i % len(colors)],
+                    label=run_label(run),
+                )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)

@@ -39,8 +39,8 @@ LOSS = {
 
 def test_default_grid_is_every_pressure_method_seed_in_seed_major_order():
     runs = build_grid()
-    assert len(runs) == len(PRESSURES) * 7 * 3 == 84
-    assert len({r.name for r in runs}) == 84
+    assert len(runs) == len(PRESSURES) * 7 * 3 == 126  # 6 pressures x 7 methods x 3 seeds
+    assert len({r.name for r in runs}) == 126
     assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed 1's cells first
     assert runs[0].name == "reuse_1x2__grpo__s1"
 
@@ -107,6 +107,18 @@ def test_grid_errors_name_the_problem():
         Budget(prepare_args=("--n-val 3",))
     with pytest.raises(ValueError, match="seeds repeated"):
         build_grid(seeds=[1, 1])
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_stale_pressure_runs_the_async_trainer_k_batches_ahead_without_dropping(k):
+    spec = RunSpec(PRESSURES[f"stale_k{k}"], "so_grpo", 1)
+    overrides = spec.overrides()
+    assert "trainer.v1.trainer_mode=sorl_colocate_async" in overrides
+    assert f"trainer.v1.colocate_async.num_warmup_batches={k}" in overrides
+    # a trajectory k versions old spans k + 1 versions: a bound of k would drop exactly the data wanted
+    assert f"trainer.v1.sampler.max_off_policy_threshold={k + 1}" in overrides
+    assert "algorithm.rollout_correction.bypass_mode=True" in overrides
+    assert spec.batch() == (8, 4, 32)  # the demo's batch: staleness is the only change
 
 
 def test_a_new_pressure_is_one_entry():
