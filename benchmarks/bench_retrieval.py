@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -247,8 +248,8 @@ def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1
           f"exited {time.monotonic() - signalled:.1f} s after the signal   (target: 0 errors, exit 0)")
 
 
-def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, seed: int = 0) -> list[str]:
-    """Write ``passages`` synthetic passages as corpus JSONL; returns their texts."""
+def synthetic_texts(passages: int, words_per_passage: int = 100, seed: int = 0) -> Iterator[str]:
+    """The synthetic passages, generated 50,000 at a time (memory does not grow with ``passages``)."""
     counts = Counter()
     for doc in iter_corpus(embedded_corpus_path()):
         counts.update(re.findall(r"\w+", doc.contents.lower()))
@@ -256,13 +257,22 @@ def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, se
     probs = np.array(list(counts.values()), dtype=np.float64)
     probs /= probs.sum()
     rng = np.random.default_rng(seed)
-    texts = []
     chunk = 50_000
     for start in range(0, passages, chunk):
         n = min(chunk, passages - start)
         words = vocab[rng.choice(len(vocab), size=(n, words_per_passage), p=probs)]
-        texts.extend(" ".join(row) for row in words)
-    write_jsonl_atomic(({"id": str(i), "contents": f'"Synthetic {i}"\n{t}'} for i, t in enumerate(texts)), path)
+        yield from (" ".join(row) for row in words)
+
+
+def synthetic_rows(texts: Iterable[str]) -> Iterator[dict]:
+    """Corpus rows of the synthetic passages: ids are row numbers, titles ``"Synthetic i"``."""
+    return ({"id": str(i), "contents": f'"Synthetic {i}"\n{t}'} for i, t in enumerate(texts))
+
+
+def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, seed: int = 0) -> list[str]:
+    """Write ``passages`` synthetic passages as corpus JSONL; returns their texts."""
+    texts = list(synthetic_texts(passages, words_per_passage, seed))
+    write_jsonl_atomic(synthetic_rows(texts), path)
     return texts
 
 

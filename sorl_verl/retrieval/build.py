@@ -9,21 +9,65 @@
 Builds are atomic: everything is written into a temporary sibling folder that is renamed to
 ``INDEX_DIR`` only when complete, so a failed or interrupted build leaves nothing behind. An
 existing ``INDEX_DIR`` is never replaced unless ``--overwrite`` is given.
+
+BM25 builds stream the corpus (ours): each document is written to ``docs.jsonl`` and handed to
+:func:`sorl_verl.retrieval.bm25.build_bm25` as it is read, so no list of documents is held;
+duplicate ids are found from a 64-bit hash per row (8 bytes a row, see :func:`stream_corpus`).
+Dense builds read the corpus into memory (the encoder dominates their cost).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
 from sorl_verl.retrieval import _cli
-from sorl_verl.retrieval.corpus import CorpusFormatError, iter_corpus
-from sorl_verl.retrieval.store import write_docs, write_meta
+from sorl_verl.retrieval.corpus import CorpusFormatError, Document, _row_to_document, iter_corpus, open_text
+from sorl_verl.retrieval.store import DocsWriter, write_docs, write_meta
 
 METHODS = ("bm25", "dense")
+
+
+def _reread_for_errors(path: Path) -> None:
+    """Read ``path`` with :func:`iter_corpus`, which raises :class:`CorpusFormatError` naming the
+    file, line and field of the first bad row or duplicate id; returns if there is none."""
+    for _ in iter_corpus(path):
+        pass
+
+
+def stream_corpus(path: str | Path, show_progress: bool = False) -> Iterator[Document]:
+    """The documents of :func:`iter_corpus`, in the same order and with the same errors, in memory
+    that does not grow with the corpus but for 8 bytes a row: instead of a table of the ids seen,
+    a 64-bit hash of each id is kept, and the hashes are checked for repeats after the last row.
+    Any bad row, or a repeated hash, re-reads the file with :func:`iter_corpus` to raise its exact
+    error (a hash collision between distinct ids, about 1e-5 at 21M rows, then passes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {path}")
+    hashes = array("q")
+    where = str(path)
+    with open_text(path) as f:
+        for line in tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress):
+            if not line.strip():
+                continue
+            try:
+                doc = _row_to_document(json.loads(line), where, len(hashes))
+            except ValueError:  # invalid JSON or row: iter_corpus names the line and the field
+                _reread_for_errors(path)
+                raise RuntimeError(f"{path}: a row failed to parse once but not on re-reading") from None
+            hashes.append(hash(doc.id))
+            yield doc
+    if not hashes or np.unique(np.frombuffer(hashes, dtype=np.int64)).size < len(hashes):
+        _reread_for_errors(path)
 
 
 def build_index(
@@ -37,8 +81,9 @@ def build_index(
     """Build a ``method`` index of the corpus JSONL into ``index_dir``; returns ``index_dir``.
 
     ``opts`` go to :func:`sorl_verl.retrieval.bm25.build_bm25` (``k1``, ``b``, ``stemmer``,
-    ``stopwords``) or :func:`sorl_verl.retrieval.dense.build_dense` (``encoder``, ``faiss_type``,
-    ``hnsw_m``, ``ef_construction``, ``ef_search``, ``batch_size``, ``max_length``).
+    ``stopwords``, ``chunk_docs``, ``block_postings``) or :func:`sorl_verl.retrieval.dense.build_dense`
+    (``encoder``, ``faiss_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``batch_size``,
+    ``max_length``).
     Raises ``FileExistsError`` if ``index_dir`` exists and ``overwrite`` is false, and
     :class:`~sorl_verl.retrieval.corpus.CorpusFormatError` for a malformed corpus line.
     """
@@ -50,22 +95,30 @@ def build_index(
         raise FileExistsError(f"{index_dir} already exists; pass overwrite=True (--overwrite) to replace it")
     started = time.time()
     with atomic_dir(index_dir, overwrite=overwrite) as tmp_dir:
-        docs = list(iter_corpus(corpus_path, show_progress=show_progress))
-        ids = [d.id for d in docs]
-        contents = [d.contents for d in docs]
-        del docs
         if method == "bm25":
             from sorl_verl.retrieval.bm25 import build_bm25
 
-            method_meta = build_bm25(contents, tmp_dir, show_progress=show_progress, **opts)
+            with DocsWriter(tmp_dir) as docs_writer:
+                def recorded_contents():
+                    for doc in stream_corpus(corpus_path):
+                        docs_writer.write(doc.id, doc.contents)
+                        yield doc.contents
+
+                method_meta = build_bm25(recorded_contents(), tmp_dir, show_progress=show_progress, **opts)
+            num_docs = docs_writer.count
         else:
             from sorl_verl.retrieval.dense import build_dense
 
+            docs = list(iter_corpus(corpus_path, show_progress=show_progress))
+            ids = [d.id for d in docs]
+            contents = [d.contents for d in docs]
+            del docs
             method_meta = build_dense(contents, tmp_dir, show_progress=show_progress, **opts)
-        write_docs(tmp_dir, ids, contents)
+            write_docs(tmp_dir, ids, contents)
+            num_docs = len(ids)
         write_meta(tmp_dir, {
             "method": method,
-            "num_docs": len(ids),
+            "num_docs": num_docs,
             "corpus": str(corpus_path.resolve()),
             "build_seconds": round(time.time() - started, 2),
             **method_meta,
@@ -86,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     bm25.add_argument("--b", type=_cli.float_in(0, 1), default=0.4)
     bm25.add_argument("--stemmer", default="english", help="PyStemmer language, or 'none'")
     bm25.add_argument("--stopwords", default="en", help="bm25s stopword list name, or 'none'")
+    bm25.add_argument("--chunk-docs", type=_cli.POSITIVE_INT, default=100_000,
+                      help="documents tokenized per chunk (pass 1; memory grows with it)")
+    bm25.add_argument("--block-postings", type=_cli.POSITIVE_INT, default=8_000_000,
+                      help="postings scored per block (pass 2; about 40 bytes each in memory)")
     dense = parser.add_argument_group("dense")
     dense.add_argument("--encoder", default="bundled-minilm",
                        help="HF model name or folder (e5 models get query:/passage: prefixes), 'bundled-minilm', or 'hashing:DIM'")
@@ -108,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.method == "bm25":
         opts = {"k1": args.k1, "b": args.b,
                 "stemmer": None if args.stemmer == "none" else args.stemmer,
-                "stopwords": None if args.stopwords == "none" else args.stopwords}
+                "stopwords": None if args.stopwords == "none" else args.stopwords,
+                "chunk_docs": args.chunk_docs, "block_postings": args.block_postings}
     else:
         opts = {"encoder": args.encoder, "faiss_type": args.faiss_type, "hnsw_m": args.hnsw_m,
                 "ef_construction": args.ef_construction, "ef_search": args.ef_search,

@@ -30,7 +30,8 @@ Batching (ours): requests are queued to one worker task that takes everything wa
 ``topk`` asked, in a worker thread so the event loop keeps accepting connections, and cuts
 each request's share back to its own ``topk``. No request ever waits for a timer: under
 light load a batch is one request, under heavy load batches fill up while the previous one
-runs.
+runs. The BM25 retriever splits each batch over ``--search-threads`` threads (default: the
+CPUs this process may use).
 """
 
 from __future__ import annotations
@@ -373,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(intfloat/e5-base-v2; e5 names get query: prefixes), bundled-minilm, or hashing:DIM")
     artifacts.add_argument("--faiss-gpu", choices=("auto", "yes", "no"), default="auto",
                            help="search on the GPUs (fp16, sharded): auto = when faiss has GPUs")
+    parser.add_argument("--search-threads", type=_cli.POSITIVE_INT, default=None,
+                        help="BM25: threads one batch of queries is split over (default: the CPUs this process may "
+                        "use; each keeps a float32 buffer of 4 bytes per document)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=_cli.PORT, default=8000, help="1..65535 (default 8000)")
     parser.add_argument("--topk", type=_cli.POSITIVE_INT, default=DEFAULT_TOPK, help="topk when a request leaves it null")
@@ -413,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, ImportError, RuntimeError) as e:  # OSError: a missing file or encoder model
         print(f"sorl-retriever: error: {e}", file=sys.stderr)
         sys.exit(2)
+    if args.search_threads is not None and hasattr(retriever, "set_search_threads"):
+        retriever.set_search_threads(args.search_threads)
     app = create_app(retriever, default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch,
                      max_body_bytes=args.max_body_bytes, max_query_chars=args.max_query_chars,
                      max_request_chars=args.max_request_chars, read_timeout_s=args.read_timeout_s)

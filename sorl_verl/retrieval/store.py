@@ -2,19 +2,27 @@
 
 An index folder holds::
 
-    meta.json     {"format": "sorl_verl.retrieval", "format_version": 1, "method": "bm25"|"dense",
-                   "num_docs": N, "corpus": <source path>, ...method options}
-    docs.jsonl    one {"id", "contents"} per line, in index order (row i = index position i)
-    ...           the method's own files (bm25s arrays and vocabulary, or a FAISS index)
+    meta.json          {"format": "sorl_verl.retrieval", "format_version": 1, "method": "bm25"|"dense",
+                        "num_docs": N, "corpus": <source path>, ...method options}
+    docs.jsonl         one {"id", "contents"} per line, in index order (row i = index position i)
+    docs.jsonl.offsets/  the byte span of each line of docs.jsonl (``artifacts.MmapCorpus``'s table:
+                       ``offsets.npy`` (N, 2) int64 and its ``meta.json``), written with docs.jsonl
+    ...                the method's own files (bm25s arrays and vocabulary, or a FAISS index)
 
-``meta.json`` is written last, so a folder without it is not an index.
+``meta.json`` is written last, so a folder without it is not an index. The BM25 retriever reads
+documents through the memory-mapped ``docs.jsonl`` and the offset table (:func:`open_docs`); an
+index written before the table existed gets it on first load (beside ``docs.jsonl``, or in the
+cache when the folder is read-only). The dense retriever still reads ``docs.jsonl`` into lists.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+from array import array
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 META_NAME = "meta.json"
@@ -36,7 +44,9 @@ def read_meta(index_dir: str | Path) -> dict:
     index_dir = Path(index_dir)
     meta_path = index_dir / META_NAME
     if not meta_path.is_file():
-        raise IndexFormatError(f"{index_dir} is not an index folder: {META_NAME} is missing (build one with sorl-index)")
+        raise IndexFormatError(
+            f"{index_dir} is not an index folder: {META_NAME} is missing (build one with sorl-index)"
+        )
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT_NAME or meta.get("format_version") != FORMAT_VERSION:
         raise IndexFormatError(
@@ -48,10 +58,90 @@ def read_meta(index_dir: str | Path) -> dict:
     return meta
 
 
+class DocsWriter:
+    """Writes ``docs.jsonl`` one document at a time, and on :meth:`close` its offset table in
+    :class:`~sorl_verl.retrieval.artifacts.MmapCorpus`'s layout (``docs.jsonl.offsets/``), so that
+    opening the index needs no scan. Memory: a 16 MiB span buffer; the spans go to a scratch file
+    as they are made. Use as a context manager; on an exception the files are left for the
+    caller's temporary folder to remove."""
+
+    _FLUSH_VALUES = 1 << 21  # int64 values (start, end pairs) buffered before a write
+
+    def __init__(self, index_dir: Path):
+        self.path = Path(index_dir) / DOCS_NAME
+        self._scratch = Path(index_dir) / f".{DOCS_NAME}.spans"
+        self._docs = open(self.path, "wb")
+        self._spans_file = open(self._scratch, "wb")
+        self._spans = array("q")
+        self._position = 0
+        self.count = 0
+
+    def write(self, doc_id: str, contents: str) -> None:
+        line = json.dumps({"id": doc_id, "contents": contents}, ensure_ascii=False).encode("utf-8")
+        self._docs.write(line + b"\n")
+        self._spans.append(self._position)
+        self._spans.append(self._position + len(line))
+        self._position += len(line) + 1
+        self.count += 1
+        if len(self._spans) >= self._FLUSH_VALUES:
+            self._spans.tofile(self._spans_file)
+            del self._spans[:]
+
+    def close(self) -> None:
+        """Finish ``docs.jsonl`` and write ``docs.jsonl.offsets/`` (``offsets.npy`` + ``meta.json``)."""
+        from sorl_verl.retrieval.artifacts import OFFSETS_FORMAT, OFFSETS_SUFFIX, OFFSETS_VERSION, _fingerprint
+
+        self._spans.tofile(self._spans_file)
+        self._spans_file.close()
+        self._docs.close()
+        table = self.path.with_name(self.path.name + OFFSETS_SUFFIX)
+        table.mkdir()
+        with open(table / "offsets.npy", "wb") as out, open(self._scratch, "rb") as spans:
+            np.lib.format.write_array_header_1_0(
+                out, {"descr": "<i8", "fortran_order": False, "shape": (self.count, 2)}
+            )
+            shutil.copyfileobj(spans, out, 1 << 22)
+        self._scratch.unlink()
+        meta = {
+            "format": OFFSETS_FORMAT,
+            "format_version": OFFSETS_VERSION,
+            "corpus": DOCS_NAME,
+            "num_rows": self.count,
+            **_fingerprint(self.path),
+        }
+        (table / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+    def __enter__(self) -> DocsWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._spans_file.close()
+            self._docs.close()
+
+
 def write_docs(index_dir: Path, ids: list[str], contents: list[str]) -> None:
-    with open(index_dir / DOCS_NAME, "w", encoding="utf-8") as f:
+    with DocsWriter(index_dir) as writer:
         for doc_id, text in zip(ids, contents, strict=True):
-            f.write(json.dumps({"id": doc_id, "contents": text}, ensure_ascii=False) + "\n")
+            writer.write(doc_id, text)
+
+
+def open_docs(index_dir: Path, num_docs: int, show_progress: bool = True):
+    """``docs.jsonl`` memory-mapped (:class:`~sorl_verl.retrieval.artifacts.MmapCorpus`): ``docs[i]`` is a
+    fresh ``{"id", "contents"}``; nothing is loaded. Raises :class:`IndexFormatError` when the file is
+    missing or its row count is not ``num_docs``."""
+    from sorl_verl.retrieval.artifacts import MmapCorpus
+    from sorl_verl.retrieval.corpus import CorpusFormatError
+
+    path = Path(index_dir) / DOCS_NAME
+    if not path.is_file():
+        raise IndexFormatError(f"{path} is missing; rebuild the index with sorl-index")
+    try:
+        return MmapCorpus(path, expected_rows=num_docs, show_progress=show_progress and num_docs >= 200_000)
+    except CorpusFormatError as e:
+        raise IndexFormatError(f"{e}; meta.json says {num_docs} documents: rebuild the index") from None
 
 
 def read_docs(index_dir: Path, num_docs: int) -> tuple[list[str], list[str]]:

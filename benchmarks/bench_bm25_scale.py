@@ -1,0 +1,425 @@
+"""BM25 at wiki-18 scale: build time and peak memory, index size, retriever memory and queries/s
+against corpus size, fitted and projected to wiki-18's 21M passages (issue 12, item 2).
+
+    python benchmarks/bench_bm25_scale.py                            # print the committed table (what make bench runs)
+    nice -n 5 python benchmarks/bench_bm25_scale.py --scale 1000000 2000000 5000000   # measure (~1 h on 2 cores)
+    python benchmarks/bench_bm25_scale.py --scale 1000000 --compare-in-memory        # also the former bm25s build
+
+For each size N, on the synthetic corpus of ``bench_retrieval.py`` (passages of 100 words drawn
+from the embedded Wikipedia corpus's word frequencies; queries are 5 distinct non-stopword words
+of a random passage), each step in a child process of its own:
+
+* ``sorl-index`` (the bounded build): wall time, peak resident memory (the child's
+  ``ru_maxrss`` from ``wait4``, which counts every page it touched, file pages included), and the
+  size on disk of the BM25 arrays and of ``docs.jsonl`` with its offset table;
+* the retriever (``load_retriever``, what ``sorl-retriever`` serves): resident memory after
+  loading and after 1,000 queries (total, anonymous, and mapped-file pages, from /proc), and
+  queries/s in batches of 512, top-3, on 1 and on 2 search threads (best of 3 passes over 1,024
+  queries, after the 1,000 warm-up queries).
+
+Then each figure is fitted by least squares as ``a + b * N`` (time per query for queries/s) and
+projected to N = 21,000,000 against the targets: build peak <= 16 GB, retriever memory <= 8 GB,
+queries/s per core >= (the 1M figure) / 21. The figures go to ``docs/figures/bm25_scale.csv`` and
+``.md``; synthetic corpora and indexes to ``--work`` (default /tmp/bm25_scale), kept for reruns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+FIGURES = REPO / "docs" / "figures"
+CSV_PATH = FIGURES / "bm25_scale.csv"
+MD_PATH = FIGURES / "bm25_scale.md"
+WIKI18 = 21_000_000
+TARGET_BUILD_PEAK_GB = 16.0
+TARGET_RSS_GB = 8.0
+BATCH = 512
+TOPK = 3
+WARM_QUERIES = 1000
+TIMED_QUERIES = 1024
+GB = 1e9
+
+COLUMNS = [
+    "passages",
+    "build_s",
+    "build_peak_gb",
+    "bm25_bytes",
+    "docs_bytes",
+    "vocab",
+    "postings",
+    "load_s",
+    "rss_load_mb",
+    "anon_load_mb",
+    "rss_1000q_mb",
+    "anon_1000q_mb",
+    "file_1000q_mb",
+    "qps_1_thread",
+    "qps_2_threads",
+    "load_avg_build",
+    "load_avg_search",
+]
+
+
+def proc_status() -> dict[str, float]:
+    """VmRSS, VmHWM, RssAnon, RssFile of this process in MB (Linux /proc)."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------- child processes (one per step)
+
+
+def child_build(corpus: str, index: str, in_memory: bool) -> dict:
+    from sorl_verl.retrieval import build_index
+
+    started = time.perf_counter()
+    if in_memory:  # the former build_index: the corpus in lists, bm25s's Tokenizer and BM25.index
+        from sorl_verl.retrieval.bm25 import BM25_DIR, build_bm25_in_memory
+        from sorl_verl.retrieval.corpus import iter_corpus
+        from sorl_verl.retrieval.store import write_docs, write_meta
+
+        docs = list(iter_corpus(corpus))
+        ids, contents = [d.id for d in docs], [d.contents for d in docs]
+        del docs
+        out = Path(index)
+        (out / BM25_DIR).mkdir(parents=True)
+        meta = build_bm25_in_memory(contents, out, show_progress=True)
+        write_docs(out, ids, contents)
+        write_meta(out, {"method": "bm25", "num_docs": len(ids), "corpus": corpus, **meta})
+    else:
+        build_index(corpus, index, show_progress=True)
+    return {"build_s": time.perf_counter() - started, **proc_status()}
+
+
+def child_search(index: str, queries_path: str) -> dict:
+    from sorl_verl.retrieval import load_retriever
+
+    queries = json.loads(Path(queries_path).read_text())
+    started = time.perf_counter()
+    retriever = load_retriever(index)
+    result = {"load_s": time.perf_counter() - started, "after_load": proc_status()}
+    warm, timed = queries[:WARM_QUERIES], queries[WARM_QUERIES : WARM_QUERIES + TIMED_QUERIES]
+    for i in range(0, len(warm), BATCH):
+        retriever.search(warm[i : i + BATCH], topk=TOPK)
+    result["after_1000"] = proc_status()
+    for threads in (1, 2):
+        retriever.set_search_threads(threads)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for i in range(0, len(timed), BATCH):
+                retriever.search(timed[i : i + BATCH], topk=TOPK)
+            best = min(best, time.perf_counter() - start)
+        result[f"qps_{threads}"] = len(timed) / best
+    result["after_timing"] = proc_status()
+    return result
+
+
+def run_child(args: list[str], log: Path) -> tuple[dict, float]:
+    """Run this script with ``args`` in a child process; returns (its JSON result, its peak RSS in GB)."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=err, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args[0]} failed with exit code {proc.returncode}; see {log}")
+    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss * 1024 / GB
+
+
+# ---------------------------------------------------------------- corpus and queries
+
+
+def synthetic_corpus_file(work: Path, passages: int) -> Path:
+    """The bench's synthetic corpus of ``passages`` rows under ``work`` (generated once, streamed)."""
+    sys.path.insert(0, str(HERE))
+    from bench_retrieval import synthetic_rows, synthetic_texts
+
+    from sorl_verl.retrieval.corpus import write_jsonl_atomic
+
+    path = work / f"synthetic_{passages}.jsonl"
+    done = path.with_name(path.name + ".done")
+    if not (path.is_file() and done.is_file()):
+        started = time.perf_counter()
+        write_jsonl_atomic(synthetic_rows(synthetic_texts(passages)), path)
+        done.write_text(f"{passages}\n")
+        print(f"   generated {path} in {time.perf_counter() - started:.0f} s ({path.stat().st_size / GB:.2f} GB)")
+    return path
+
+
+def synthetic_queries(corpus: Path, count: int, seed: int = 1) -> list[str]:
+    """``count`` queries of 5 distinct non-stopword words of a random passage (as bench_retrieval.py)."""
+    from sorl_verl.retrieval.artifacts import MmapCorpus
+    from sorl_verl.retrieval.bm25 import TOKEN_PATTERN, _stopwords
+
+    split, stopwords = re.compile(TOKEN_PATTERN).findall, _stopwords("en")
+    docs = MmapCorpus(corpus, show_progress=False)
+    rng = random.Random(seed)
+    queries = []
+    while len(queries) < count:
+        text = docs[rng.randrange(len(docs))]["contents"].split("\n", 1)[1]
+        words = sorted({w for w in text.split() if any(t not in stopwords for t in split(w.lower()))})
+        queries.append(" ".join(rng.sample(words, min(5, len(words)))))
+    docs.close()
+    return queries
+
+
+# ---------------------------------------------------------------- measurement, fit, tables
+
+
+def measure(passages: int, work: Path) -> dict:
+    print(f"\n-- {passages:,} passages (load average {os.getloadavg()[0]:.1f})", flush=True)
+    corpus = synthetic_corpus_file(work, passages)
+    index = work / f"index_{passages}"
+    shutil.rmtree(index, ignore_errors=True)
+    load_before = os.getloadavg()[0]
+    build, peak_gb = run_child(["--_build", str(corpus), str(index)], work / f"build_{passages}.log")
+    load_build = (load_before + os.getloadavg()[0]) / 2
+    meta = json.loads((index / "meta.json").read_text())
+    print(
+        f"   build {build['build_s']:.0f} s, peak {peak_gb:.2f} GB (VmHWM {build['VmHWM'] / 1024:.2f} GB), "
+        f"vocabulary {meta['bm25']['vocab_size']:,}, {meta['bm25']['postings']:,} postings",
+        flush=True,
+    )
+    queries_path = work / f"queries_{passages}.json"
+    queries_path.write_text(json.dumps(synthetic_queries(corpus, WARM_QUERIES + TIMED_QUERIES)))
+    load_before = os.getloadavg()[0]
+    search, _ = run_child(["--_search", str(index), str(queries_path)], work / f"search_{passages}.log")
+    load_search = (load_before + os.getloadavg()[0]) / 2
+    row = {
+        "passages": passages,
+        "build_s": build["build_s"],
+        "build_peak_gb": peak_gb,
+        "bm25_bytes": folder_bytes(index / "bm25"),
+        "docs_bytes": folder_bytes(index) - folder_bytes(index / "bm25"),
+        "vocab": meta["bm25"]["vocab_size"],
+        "postings": meta["bm25"]["postings"],
+        "load_s": search["load_s"],
+        "rss_load_mb": search["after_load"]["VmRSS"],
+        "anon_load_mb": search["after_load"]["RssAnon"],
+        "rss_1000q_mb": search["after_1000"]["VmRSS"],
+        "anon_1000q_mb": search["after_1000"]["RssAnon"],
+        "file_1000q_mb": search["after_1000"]["RssFile"],
+        "qps_1_thread": search["qps_1"],
+        "qps_2_threads": search["qps_2"],
+        "load_avg_build": load_build,
+        "load_avg_search": load_search,
+        "measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+    }
+    print(
+        f"   index {row['bm25_bytes'] / GB:.2f} GB + docs {row['docs_bytes'] / GB:.2f} GB; retriever loaded in "
+        f"{row['load_s']:.1f} s: RSS {row['rss_load_mb']:.0f} MB -> {row['rss_1000q_mb']:.0f} MB after "
+        f"{WARM_QUERIES} queries (anonymous {row['anon_1000q_mb']:.0f} MB, file pages {row['file_1000q_mb']:.0f} MB); "
+        f"{row['qps_1_thread']:.0f} queries/s on 1 thread, {row['qps_2_threads']:.0f} on 2 "
+        f"(load average {load_search:.1f})",
+        flush=True,
+    )
+    return row
+
+
+def fit_line(n: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares ``(a, b)`` of ``y = a + b * n``; with one point, the line through the origin."""
+    if len(n) == 1:
+        return 0.0, float(y[0] / n[0])
+    b, a = np.polyfit(n, y, 1)
+    return float(a), float(b)
+
+
+def projections(rows: list[dict]) -> list[dict]:
+    """The 21M projection of each figure with a target (and of a few without)."""
+    n = np.array([r["passages"] for r in rows], dtype=np.float64)
+    col = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in COLUMNS}
+    first = min(rows, key=lambda r: r["passages"])
+    out = []
+
+    def add(name, values, unit, target=None, better="lower", scale=1.0):
+        a, b = fit_line(n, values)
+        projected = (a + b * WIKI18) * scale
+        met = None if target is None else (projected <= target if better == "lower" else projected >= target)
+        out.append(
+            {
+                "figure": name,
+                "fit": f"{a * scale:.3g} + {b * scale * 1e6:.3g} per 1M",
+                "projected": projected,
+                "unit": unit,
+                "target": target,
+                "met": met,
+            }
+        )
+
+    add("build peak memory", col["build_peak_gb"], "GB", TARGET_BUILD_PEAK_GB)
+    add("build time", col["build_s"] / 60, "min")
+    add("index on disk (BM25 arrays)", col["bm25_bytes"] / GB, "GB")
+    add("docs.jsonl + offset table", col["docs_bytes"] / GB, "GB")
+    add("retriever RSS after 1000 queries", col["rss_1000q_mb"] / 1024, "GB", TARGET_RSS_GB)
+    add("  of which anonymous", col["anon_1000q_mb"] / 1024, "GB")
+    seconds = 1.0 / col["qps_1_thread"]  # per query: grows with the posting lists, i.e. with N
+    a, b = fit_line(n, seconds)
+    target = first["qps_1_thread"] * first["passages"] / WIKI18
+    projected = 1.0 / (a + b * WIKI18)
+    out.append(
+        {
+            "figure": "queries/s per core (1 thread)",
+            "fit": f"1 / ({a * 1e3:.3g} ms + {b * 1e9:.3g} ms per 1M)",
+            "projected": projected,
+            "unit": "queries/s",
+            "target": target,
+            "met": projected >= target,
+        }
+    )
+    return out
+
+
+def markdown(rows: list[dict], projected: list[dict], context: str) -> str:
+    lines = [
+        "| passages | build | build peak | BM25 arrays | docs + offsets | vocabulary | postings | retriever RSS: "
+        "loaded / after 1000 queries (anonymous) | queries/s, 1 thread / 2 threads | load average (build / search) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['passages'] / 1e6:g}M | {r['build_s'] / 60:.1f} min | {r['build_peak_gb']:.2f} GB | "
+            f"{r['bm25_bytes'] / GB:.2f} GB | {r['docs_bytes'] / GB:.2f} GB | {int(r['vocab']):,} | "
+            f"{int(r['postings']):,} | {r['rss_load_mb']:.0f} MB / {r['rss_1000q_mb']:.0f} MB "
+            f"({r['anon_1000q_mb']:.0f} MB) | {r['qps_1_thread']:.0f} / {r['qps_2_threads']:.0f} | "
+            f"{r['load_avg_build']:.1f} / {r['load_avg_search']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Projected to {WIKI18 / 1e6:g}M passages (least squares `a + b*N` over the rows above; "
+        "queries/s from the fitted time per query):",
+        "",
+        "| figure | fit | 21M projected | target | met |",
+        "|---|---|---|---|---|",
+    ]
+    for p in projected:
+        target = (
+            "" if p["target"] is None else f"{'>=' if 'queries' in p['unit'] else '<='} {p['target']:.3g} {p['unit']}"
+        )
+        met = "" if p["met"] is None else ("yes" if p["met"] else "**no**")
+        lines.append(f"| {p['figure']} | {p['fit']} | {p['projected']:.3g} {p['unit']} | {target} | {met} |")
+    lines += ["", context]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(rows: list[dict], projected: list[dict], context: str) -> None:
+    from sorl_verl.fileio import write_text_atomic
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (f"{r[k]:.4g}" if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+    write_text_atomic(CSV_PATH, buffer.getvalue())
+    write_text_atomic(MD_PATH, markdown(rows, projected, context))
+
+
+def print_committed() -> None:
+    if not MD_PATH.is_file():
+        print(
+            f"no {MD_PATH.relative_to(REPO)} yet: run `nice -n 5 python {Path(__file__).relative_to(REPO)} "
+            "--scale 1000000 2000000 5000000` (about an hour on 2 cores)"
+        )
+        return
+    print(
+        f"BM25 at scale: the committed table {MD_PATH.relative_to(REPO)} (a --scale run takes about an hour; "
+        f"rerun: nice -n 5 python {Path(__file__).relative_to(REPO)} --scale 1000000 2000000 5000000)\n"
+    )
+    print(MD_PATH.read_text())
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("--_build", "--_build-in-memory", "--_search"):
+        kind, *rest = sys.argv[1:]
+        result = child_search(*rest) if kind == "--_search" else child_build(*rest, in_memory=kind != "--_build")
+        print(json.dumps(result))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=int, nargs="+", metavar="N", help="corpus sizes to measure")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bm25_scale"), help="corpora and indexes (kept)")
+    parser.add_argument(
+        "--compare-in-memory",
+        action="store_true",
+        help="also build the smallest size with the former in-memory bm25s build",
+    )
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/figures alone")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a size's figures from an earlier run's WORK/row_N.json instead of measuring it",
+    )
+    args = parser.parse_args()
+    if not args.scale:
+        print_committed()
+        return
+    if any(n < 1000 for n in args.scale):
+        parser.error("--scale sizes must be at least 1000")
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(
+        f"machine: {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GB:.1f} GB, "
+        f"load average {os.getloadavg()[0]:.1f}, nice {os.nice(0)}"
+    )
+    rows = []
+    for n in sorted(args.scale):
+        saved = args.work / f"row_{n}.json"
+        if args.reuse and saved.is_file():
+            rows.append(json.loads(saved.read_text()))
+            print(f"\n-- {n:,} passages: reusing the measurement in {saved}")
+            continue
+        rows.append(measure(n, args.work))
+        saved.write_text(json.dumps(rows[-1]) + "\n")
+    projected = projections(rows)
+    when = sorted(r["measured"] for r in rows)
+    context = (
+        f"Measured {when[0]} to {when[-1]} by `python benchmarks/bench_bm25_scale.py --scale "
+        f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {os.nice(0)}) on {os.cpu_count()} CPU cores "
+        f"shared with other jobs (load averages in the table). Synthetic passages of 100 words from the "
+        f"embedded corpus's word frequencies: their vocabulary stops growing (wiki-18's does not), so the "
+        f"vocabulary terms of the projection are low."
+    )
+    if args.compare_in_memory:
+        n = min(args.scale)
+        corpus = synthetic_corpus_file(args.work, n)
+        index = args.work / f"index_{n}_in_memory"
+        shutil.rmtree(index, ignore_errors=True)
+        load = os.getloadavg()[0]
+        build, peak_gb = run_child(["--_build-in-memory", str(corpus), str(index)], args.work / f"build_{n}_mem.log")
+        line = (
+            f"Former in-memory build (bm25s Tokenizer + BM25.index, corpus in lists) of the {n / 1e6:g}M corpus: "
+            f"{build['build_s'] / 60:.1f} min, peak {peak_gb:.2f} GB (load average {load:.1f} -> "
+            f"{os.getloadavg()[0]:.1f})."
+        )
+        print(f"\n-- {line}")
+        context += "\n\n" + line
+    print("\n" + markdown(rows, projected, context))
+    if not args.no_write:
+        write_outputs(rows, projected, context)
+        print(f"wrote {CSV_PATH.relative_to(REPO)} and {MD_PATH.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
