@@ -9,8 +9,8 @@ For each size N, on the synthetic corpus of ``bench_retrieval.py`` (passages of 
 from the embedded Wikipedia corpus's word frequencies; queries are 5 distinct non-stopword words
 of a random passage), each step in a child process of its own:
 
-* ``sorl-index`` (the bounded build): wall time, peak resident memory (the child's
-  ``ru_maxrss`` from ``wait4``, which counts every page it touched, file pages included), and the
+* ``sorl-index`` (the bounded build): wall time, peak resident memory (the child's ``VmHWM``,
+  which counts every page it touched, file pages included), and the
   size on disk of the BM25 arrays and of ``docs.jsonl`` with its offset table;
 * the retriever (``load_retriever``, what ``sorl-retriever`` serves): resident memory after
   loading and after 1,000 queries (total, anonymous, and mapped-file pages, from /proc), and
@@ -77,12 +77,12 @@ COLUMNS = [
 
 
 def proc_status() -> dict[str, float]:
-    """VmRSS, VmHWM, RssAnon, RssFile of this process in MB (Linux /proc)."""
+    """VmRSS, VmHWM, RssAnon, RssFile of this process in MB (10**6 bytes; Linux /proc)."""
     fields = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-            fields[key] = int(value.split()[0]) / 1024
+            fields[key] = int(value.split()[0]) * 1024 / 1e6
     return fields
 
 
@@ -139,16 +139,15 @@ def child_search(index: str, queries_path: str) -> dict:
     return result
 
 
-def run_child(args: list[str], log: Path) -> tuple[dict, float]:
-    """Run this script with ``args`` in a child process; returns (its JSON result, its peak RSS in GB)."""
+def run_child(args: list[str], log: Path) -> dict:
+    """Run this script with ``args`` in a child process; returns its JSON result. A child reports its
+    own peak (``VmHWM``: reset by exec, so it is the child's alone; ``ru_maxrss`` from ``wait4`` would
+    also count the pages the child shared with this process between fork and exec)."""
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=err, text=True)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc = subprocess.run([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=err, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed with exit code {proc.returncode}; see {log}")
-    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss * 1024 / GB
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- corpus and queries
@@ -197,18 +196,19 @@ def measure(passages: int, work: Path) -> dict:
     index = work / f"index_{passages}"
     shutil.rmtree(index, ignore_errors=True)
     load_before = os.getloadavg()[0]
-    build, peak_gb = run_child(["--_build", str(corpus), str(index)], work / f"build_{passages}.log")
+    build = run_child(["--_build", str(corpus), str(index)], work / f"build_{passages}.log")
+    peak_gb = build["VmHWM"] * 1e6 / GB
     load_build = (load_before + os.getloadavg()[0]) / 2
     meta = json.loads((index / "meta.json").read_text())
     print(
-        f"   build {build['build_s']:.0f} s, peak {peak_gb:.2f} GB (VmHWM {build['VmHWM'] / 1024:.2f} GB), "
+        f"   build {build['build_s']:.0f} s, peak {peak_gb:.2f} GB (VmHWM), "
         f"vocabulary {meta['bm25']['vocab_size']:,}, {meta['bm25']['postings']:,} postings",
         flush=True,
     )
     queries_path = work / f"queries_{passages}.json"
     queries_path.write_text(json.dumps(synthetic_queries(corpus, WARM_QUERIES + TIMED_QUERIES)))
     load_before = os.getloadavg()[0]
-    search, _ = run_child(["--_search", str(index), str(queries_path)], work / f"search_{passages}.log")
+    search = run_child(["--_search", str(index), str(queries_path)], work / f"search_{passages}.log")
     load_search = (load_before + os.getloadavg()[0]) / 2
     row = {
         "passages": passages,
@@ -275,8 +275,8 @@ def projections(rows: list[dict]) -> list[dict]:
     add("build time", col["build_s"] / 60, "min")
     add("index on disk (BM25 arrays)", col["bm25_bytes"] / GB, "GB")
     add("docs.jsonl + offset table", col["docs_bytes"] / GB, "GB")
-    add("retriever RSS after 1000 queries", col["rss_1000q_mb"] / 1024, "GB", TARGET_RSS_GB)
-    add("  of which anonymous", col["anon_1000q_mb"] / 1024, "GB")
+    add("retriever RSS after 1000 queries", col["rss_1000q_mb"] / 1000, "GB", TARGET_RSS_GB)
+    add("  of which anonymous", col["anon_1000q_mb"] / 1000, "GB")
     seconds = 1.0 / col["qps_1_thread"]  # per query: grows with the posting lists, i.e. with N
     a, b = fit_line(n, seconds)
     target = first["qps_1_thread"] * first["passages"] / WIKI18
@@ -407,7 +407,8 @@ def main() -> None:
         index = args.work / f"index_{n}_in_memory"
         shutil.rmtree(index, ignore_errors=True)
         load = os.getloadavg()[0]
-        build, peak_gb = run_child(["--_build-in-memory", str(corpus), str(index)], args.work / f"build_{n}_mem.log")
+        build = run_child(["--_build-in-memory", str(corpus), str(index)], args.work / f"build_{n}_mem.log")
+        peak_gb = build["VmHWM"] * 1e6 / GB
         line = (
             f"Former in-memory build (bm25s Tokenizer + BM25.index, corpus in lists) of the {n / 1e6:g}M corpus: "
             f"{build['build_s'] / 60:.1f} min, peak {peak_gb:.2f} GB (load average {load:.1f} -> "
