@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -152,6 +153,7 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         seed=cfg.seed,
         show_progress=show_progress,
     )
+    copy = copy_accuracy(model_dir, [f for f in facts if f.split == "train"], run_dir / "task" / "index", cfg)
     meta = json.loads((model_dir / "sorl_tiny_model.json").read_text(encoding="utf-8"))
     return {
         "n_params": meta["n_params"],
@@ -162,7 +164,42 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         "sft_mean_tokens": sum(len(e.input_ids) for e in examples) / len(examples),
         "sft_loss_first": losses[0],
         "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+        "copy_accuracy": copy,
     }
+
+
+# A warm start below this copy accuracy makes a demo whose RL has (almost) nothing to learn from.
+MIN_COPY_ACCURACY = 0.8
+COPY_CHECK_FACTS = 100
+
+
+def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: PrepareConfig) -> float:
+    """Share of ``facts`` (the first :data:`COPY_CHECK_FACTS` RL training facts, never seen in SFT) on
+    which the warm start, once it chooses to search, writes its searching trajectory exactly
+    (teacher-forced, greedy; :func:`~sorl_verl.quickstart.sft.teacher_forced_exact`): it copies the
+    entity into its thought and query and the retrieved value into its answer. RL only teaches
+    *when* to search, so this is about the ceiling of the score RL can reach from the warm start.
+
+    Measured (docs/quickstart.md): with 1000 SFT steps some seeds and machines did not get there
+    (the copying skill appears late in SFT); such a warm start leaves RL no reward to learn from.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sorl_verl.quickstart.sft import teacher_forced_exact, tokenize_trajectory
+
+    facts = facts[:COPY_CHECK_FACTS]
+    if not facts:
+        return float("nan")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    segments = demonstration_segments(facts, index_dir, cfg.topk)
+    examples = [
+        tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
+        for f, demo in zip(facts, segments, strict=True)
+    ]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return teacher_forced_exact(model, examples, pad_id, ignore_targets=[tokenizer.convert_tokens_to_ids("<search>")])
 
 
 class PrepareMismatch(ValueError):
@@ -177,11 +214,17 @@ def check_prepared(marker: Path, cfg: PrepareConfig) -> dict:
         if not isinstance(recorded, dict):
             raise TypeError("field 'config' is not an object")
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise PrepareMismatch(f"{marker}: not a prepare record ({e}); remove the run folder to prepare it again") from None
+        raise PrepareMismatch(
+            f"{marker}: not a prepare record ({e}); remove the run folder to prepare it again"
+        ) from None
     wanted = json.loads(json.dumps(asdict(cfg)))  # the types the JSON round trip gives (tuples -> lists)
-    differ = sorted(k for k in set(wanted) | set(recorded) if recorded.get(k, "<missing>") != wanted.get(k, "<missing>"))
+    differ = sorted(
+        k for k in set(wanted) | set(recorded) if recorded.get(k, "<missing>") != wanted.get(k, "<missing>")
+    )
     if differ:
-        details = ", ".join(f"{k}: prepared {recorded.get(k, '<missing>')!r}, asked {wanted.get(k, '<missing>')!r}" for k in differ)
+        details = ", ".join(
+            f"{k}: prepared {recorded.get(k, '<missing>')!r}, asked {wanted.get(k, '<missing>')!r}" for k in differ
+        )
         raise PrepareMismatch(
             f"{marker}: this run folder was prepared with other settings ({details}). The warm start's "
             "demonstrations would not match this run: use a new --out folder, or the settings it was prepared with."
@@ -212,4 +255,20 @@ def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_p
         **model_stats,
     }
     write_text_atomic(marker, json.dumps(info, indent=2) + "\n")
+    warn_weak_warm_start(info)
     return info
+
+
+def warn_weak_warm_start(info: dict) -> bool:
+    """Print a warning (stderr) when the warm start's ``copy_accuracy`` is below :data:`MIN_COPY_ACCURACY`."""
+    copy = info.get("copy_accuracy")
+    if copy is None or not copy < MIN_COPY_ACCURACY:
+        return False
+    print(
+        f"warning: the warm start writes its searching trajectory right on only {copy:.0%} of {COPY_CHECK_FACTS} "
+        f"held-out facts (copy_accuracy in prepare.json; {MIN_COPY_ACCURACY:.0%} or more expected), so RL will "
+        "find little reward to learn from. Prepare again in a new folder with more SFT steps "
+        "(PREPARE_ARGS='--sft-steps 2000') or another SEED.",
+        file=sys.stderr,
+    )
+    return True

@@ -72,7 +72,14 @@ def test_prepare_is_skipped_when_done(prepared):
 
 
 @pytest.mark.parametrize(
-    "change", [{"topk": 2}, {"max_obs_length": 32}, {"seed": 7}, {"guess_fraction": 0.5}, {"sizes": {"sft": 40, "train": 12, "val": 9}}]
+    "change",
+    [
+        {"topk": 2},
+        {"max_obs_length": 32},
+        {"seed": 7},
+        {"guess_fraction": 0.5},
+        {"sizes": {"sft": 40, "train": 12, "val": 9}},
+    ],
 )
 def test_prepare_refuses_other_settings(prepared, change):
     run_dir, cfg, _ = prepared
@@ -113,3 +120,15 @@ def test_config_defaults_match_the_launcher_defaults():
     assert float(default("DEMO_MIX")) == cfg.guess_fraction
     assert int(default("TOPK")) == cfg.topk
     assert int(default("MAX_OBS_LENGTH")) == cfg.max_obs_length
+
+
+def test_copy_accuracy_is_recorded_and_a_weak_warm_start_warns(prepared, capsys):
+    from sorl_verl.quickstart.prepare import warn_weak_warm_start
+
+    _, _, info = prepared
+    assert 0.0 <= info["copy_accuracy"] <= 1.0
+    assert info["copy_accuracy"] < 0.5  # 3 SFT steps of a 1-layer model learn no copying
+    assert warn_weak_warm_start(info)
+    assert "copy_accuracy" in capsys.readouterr().err
+    assert not warn_weak_warm_start({**info, "copy_accuracy": 0.97})
+    assert not warn_weak_warm_start({"config": {}})  # a warm start prepared before the check

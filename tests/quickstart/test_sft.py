@@ -37,7 +37,11 @@ def test_information_tokens_are_masked_and_everything_else_of_the_response_train
     n_prompt = len(prompt["input_ids"])
     pieces = [tokenizer.encode(text, add_special_tokens=False) for text, _ in segments]
     assert example.input_ids == list(prompt["input_ids"]) + [t for p in pieces for t in p] + [tokenizer.eos_token_id]
-    expected_mask = [0] * n_prompt + [m for p, (_, trainable) in zip(pieces, segments, strict=True) for m in [int(trainable)] * len(p)] + [1]
+    expected_mask = (
+        [0] * n_prompt
+        + [m for p, (_, trainable) in zip(pieces, segments, strict=True) for m in [int(trainable)] * len(p)]
+        + [1]
+    )
     assert example.loss_mask == expected_mask
     start = n_prompt + sum(len(p) for p in pieces[:3])
     assert tokenizer.decode(example.input_ids[start : start + len(pieces[3])]) == INFO
@@ -103,7 +107,9 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_model(tiny, tmp_path):
     path, tokenizer, facts = tiny
     examples = [tokenize_trajectory(tokenizer, prompt_messages(f.question), demonstration(f, INFO)) for f in facts]
     out = tmp_path / "sft"
-    losses = train_sft(path, examples, steps=40, batch_size=8, lr=1e-2, warmup_steps=5, out_dir=out, show_progress=False)
+    losses = train_sft(
+        path, examples, steps=40, batch_size=8, lr=1e-2, warmup_steps=5, out_dir=out, show_progress=False
+    )
     assert len(losses) == 40
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
     trained = AutoModelForCausalLM.from_pretrained(out)
@@ -116,3 +122,35 @@ def test_sft_rejects_empty(tiny):
     path, _, _ = tiny
     with pytest.raises(ValueError, match="no examples"):
         train_sft(path, [], steps=1)
+
+
+class _NextTokenOracle(torch.nn.Module):
+    """Predicts ``(token + 1) % vocab`` after every token: right exactly where a sequence counts up."""
+
+    def __init__(self, vocab: int = 16):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids, attention_mask):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=torch.nn.functional.one_hot((input_ids + 1) % self.vocab, self.vocab).float())
+
+
+def test_teacher_forced_exact_checks_every_trainable_target_but_the_ignored_ones():
+    from sorl_verl.quickstart.sft import SFTExample, teacher_forced_exact
+
+    oracle = _NextTokenOracle()
+    right = SFTExample([1, 2, 3, 4, 5], [0, 1, 1, 1, 1])
+    wrong_trainable = SFTExample([1, 2, 9, 4, 5], [0, 1, 1, 1, 1])  # 9 follows 2: mispredicted, checked
+    wrong_masked = SFTExample([1, 2, 9, 10, 11], [0, 0, 0, 1, 1])  # the break is at a masked target
+    wrong_ignored = SFTExample([1, 2, 7, 8, 9], [0, 1, 1, 1, 1])  # the break's target (7) is ignored
+    assert teacher_forced_exact(oracle, [right], pad_id=0) == 1.0
+    assert teacher_forced_exact(oracle, [wrong_trainable], pad_id=0) == 0.0
+    assert teacher_forced_exact(oracle, [wrong_masked], pad_id=0) == 1.0
+    assert teacher_forced_exact(oracle, [wrong_ignored], pad_id=0) == 0.0
+    assert teacher_forced_exact(oracle, [wrong_ignored], pad_id=0, ignore_targets=[7]) == 1.0
+    # padding of shorter rows in a batch is never checked; batches split anywhere give the same share
+    mixed = [right, wrong_trainable, SFTExample([3, 4], [0, 1]), wrong_masked]
+    assert teacher_forced_exact(oracle, mixed, pad_id=0) == 0.75
+    assert teacher_forced_exact(oracle, mixed, pad_id=0, batch_size=3) == 0.75
