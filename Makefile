@@ -29,8 +29,14 @@ bench: install
 lint: install
 	$(BIN)/ruff check sorl_verl reward_fns data_prep tests benchmarks
 
+# TASK=search (default): the search quick start; TASK=math: the asynchronous math quick start
+TASK ?= search
+DEMO_SCRIPT_search := examples/quickstart/run_demo.sh
+DEMO_SCRIPT_math := examples/quickstart/run_math_demo.sh
+
 demo: install
-	bash examples/quickstart/run_demo.sh $(ALGO) $(ARGS)
+	@test -n "$(DEMO_SCRIPT_$(TASK))" || { echo "error: TASK=$(TASK): use search or math" >&2; exit 1; }
+	bash $(DEMO_SCRIPT_$(TASK)) $(ALGO) $(ARGS)
 
 # The off-policy stability benchmark (docs/stability.md), e.g. make stability ARGS="--quick"
 # or ARGS="--pressures reuse_8x8 --methods grpo so_grpo"; a second call resumes the sweep.

@@ -23,6 +23,10 @@ TRAIN_REWARD = "critic/score/mean"
 TOKEN_CLIP = "actor/pg_clipfrac"
 TURN_CLIP = "actor/sorl/clipfrac_turn"
 VAL_TURNS = "val-aux/num_turns/mean"
+# the asynchronous trainers' staleness metrics (sorl_verl.algos.async_trainers)
+STALENESS_MEAN = "actor/sorl/turn_staleness_mean"
+STALENESS_MAX = "actor/sorl/turn_staleness_max"
+MIXED_SHARE = "actor/sorl/mixed_version_share"
 # verl's marked_timer names (ray_trainer.fit): the phases of one training step
 TIMING_PREFIX = "timing_s/"
 
@@ -49,6 +53,11 @@ class Summary:
     turn_clip_frac: float | None
     step_seconds: float | None = None  # median of timing_s/step over training steps
     timing: dict[str, float] = field(default_factory=dict)  # phase -> median seconds per step
+    # asynchronous trainers only: turn staleness (mean over steps of the step's mean, max over
+    # steps of the step's max) and the mean share of trajectories mixing weight versions
+    staleness_mean: float | None = None
+    staleness_max: float | None = None
+    mixed_version_share: float | None = None
 
     def rows(self) -> list[tuple[str, str]]:
         def fmt(x: float | None) -> str:
@@ -57,10 +66,20 @@ class Summary:
         rows = [
             ("validation reward (before -> after)", f"{fmt(self.val_reward_before)} -> {fmt(self.val_reward_after)}"),
             ("validation steps (before, after)", f"{self.first_step}, {self.last_step}"),
-            ("model turns per trajectory, validation (before -> after)", f"{fmt(self.turns_before)} -> {fmt(self.turns_after)}"),
+            (
+                "model turns per trajectory, validation (before -> after)",
+                f"{fmt(self.turns_before)} -> {fmt(self.turns_after)}",
+            ),
             ("token clip fraction (mean over steps)", fmt(self.token_clip_frac)),
             ("turn clip fraction (mean over steps)", fmt(self.turn_clip_frac)),
         ]
+        if self.staleness_mean is not None:
+            rows.append(
+                (
+                    "turn staleness: mean, max; mixed-version share",
+                    f"{fmt(self.staleness_mean)}, {fmt(self.staleness_max)}; {fmt(self.mixed_version_share)}",
+                )
+            )
         if self.step_seconds is not None:
             phases = ", ".join(f"{k} {v:.2f}" for k, v in self.timing.items() if k != "step")
             rows.append(("seconds per training step (median)", f"{self.step_seconds:.2f} ({phases})"))
@@ -76,11 +95,24 @@ def _half(x: float | None) -> float | None:
 
 
 # the phases worth showing, in the order of a step; others (start_profile, ...) are noise
-TIMING_PHASES = ("step", "gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights", "save_checkpoint", "testing")
+TIMING_PHASES = (
+    "step",
+    "gen",
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+    "save_checkpoint",
+    "testing",
+)
 
 
 def summarize(run: Run) -> Summary:
-    """Reward before/after (first and last logged validation), turns, mean clip fractions, step timings.
+    """Reward before/after (first and last logged validation), turns, mean clip fractions, step timings, staleness.
 
     ``run`` is :func:`sorl_verl.tables.load_run`'s reading of the run folder; the
     validation score is the mean over data sources (``tables.plot.mean_validation_curve``).
@@ -109,6 +141,9 @@ def summarize(run: Run) -> Summary:
         turn_clip_frac=_mean(_series(steps, TURN_CLIP)),
         step_seconds=timing.get("step"),
         timing=timing,
+        staleness_mean=_mean(_series(steps, STALENESS_MEAN)),
+        staleness_max=max(_series(steps, STALENESS_MAX), default=None),
+        mixed_version_share=_mean(_series(steps, MIXED_SHARE)),
     )
 
 
@@ -152,6 +187,8 @@ def progress_line(step: int, values: dict[str, float], elapsed_s: float) -> str:
         parts.append(f"token clip {values[TOKEN_CLIP]:.3f}")
     if TURN_CLIP in values:
         parts.append(f"turn clip {values[TURN_CLIP]:.3f}")
+    if STALENESS_MEAN in values:
+        parts.append(f"staleness {values[STALENESS_MEAN]:.2f}")
     if "timing_s/step" in values:
         parts.append(f"{values['timing_s/step']:.1f} s/step")
     return " | ".join(parts)

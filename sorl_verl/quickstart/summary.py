@@ -20,11 +20,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
-from sorl_verl.quickstart.report import TRAIN_REWARD, format_table, summarize
+from sorl_verl.quickstart.report import STALENESS_MEAN, TRAIN_REWARD, format_table, summarize
 
 LAUNCHES = "launches.jsonl"
 # drawn after the validation and stability panels of sorl_verl.tables.plot
-EXTRA_PANELS = [("Training reward (rollouts)", [TRAIN_REWARD]), ("Model turns per trajectory (rollouts)", [r"num_turns/mean"])]
+EXTRA_PANELS = [
+    ("Training reward (rollouts)", [TRAIN_REWARD]),
+    ("Model turns per trajectory (rollouts)", [r"num_turns/mean"]),
+    # asynchronous trainers only (a panel nobody logged is left out)
+    ("Turn staleness, mean (trained batch)", [STALENESS_MEAN]),
+]
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -93,7 +98,9 @@ def report_run(run_dir: str | os.PathLike, algo: str | None = None, started_at: 
 
     run_dir = Path(run_dir)
     if not any(run_dir.glob("metrics*.jsonl")):
-        raise FileNotFoundError(f"{run_dir}: no metrics*.jsonl (did the trainer run with trainer.logger=[console,file]?)")
+        raise FileNotFoundError(
+            f"{run_dir}: no metrics*.jsonl (did the trainer run with trainer.logger=[console,file]?)"
+        )
     run = load_run(run_dir)
     algo = algo or run_dir.name.split("-")[0]
     panels = plot_runs([run], run_dir / "plots" / "curves.png", extra_panels=EXTRA_PANELS)
@@ -109,9 +116,12 @@ def report_run(run_dir: str | os.PathLike, algo: str | None = None, started_at: 
 
     rows = [("algorithm", f"{algo} ({run.method})"), ("run folder", str(run_dir))]
     if prepare_info:
-        guesses = prepare_info.get("sft_guess_examples")
+        guesses, early = prepare_info.get("sft_guess_examples"), prepare_info.get("sft_early_examples")
         mix = f", {guesses} of them guessing" if guesses is not None else ""
-        rows.append(("model", f"{prepare_info['n_params']:,} parameters, SFT on {prepare_info['sft_examples']} demos{mix}"))
+        mix += f", {early} of them answering early" if early is not None else ""
+        rows.append(
+            ("model", f"{prepare_info['n_params']:,} parameters, SFT on {prepare_info['sft_examples']} demos{mix}")
+        )
     rows.append(("training steps logged", str(len(train_steps))))
     rows += summary.rows()
     rows.append(("checkpoint", str(ckpts[-1].relative_to(run_dir)) if ckpts else "none saved"))
