@@ -26,21 +26,10 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STARTED_AT="$(date +%s)"
-ALGO="${1:-so_grpo}"
-(($#)) && shift
-OUT=""
-if [[ "${1:-}" == "--out" ]]; then
-  [[ -n "${2:-}" ]] || { echo "error: --out needs a folder" >&2; exit 1; }
-  OUT="$2"
-  shift 2
-fi
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
-fi
-RUN_DIR="${OUT:-$REPO/runs/math-$ALGO-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$RUN_DIR"
-RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-RUN_NAME="$(basename "$RUN_DIR")"
+# shellcheck source=launcher.sh
+source "$REPO/examples/quickstart/launcher.sh"
+sorl_qs_args "$@"
+sorl_qs_run_dir "math-$ALGO"
 
 # ---- scale (ours: what fits ~10 minutes on 2 CPU cores): 8 prompts x GROUP_SIZE samples per step,
 # two mini-batches (the second is off-policy), one micro-batch per mini-batch (CPU: each extra one is overhead)
@@ -64,8 +53,13 @@ MAX_OPS="${MAX_OPS:-3}"
 # coin on multi-step problems: at 0.7 greedy validation answers them early, sampled rollouts finish
 # the work about 30% of the time. 0 = every demonstration does the whole computation.
 DEMO_MIX="${DEMO_MIX:-0.7}"
+# SEED seeds everything random in a run (run_demo.sh's comment; PREPARE_SEED: the warm start alone)
 SEED="${SEED:-1}"
 PREPARE_SEED="${PREPARE_SEED:-$SEED}"
+# torch threads of the SFT warm start: with 2 threads on a busy 2-core machine SFT slowed from
+# 0.5 s to 2.5-5.5 s per step (measured); one thread also makes the warm start the same whatever
+# the machine's core count (a sum's order depends on the threads)
+PREPARE_THREADS="${PREPARE_THREADS:-1}"
 # asynchronous by default, with the recipe's settings (examples/math/train.sh: ASYNC,
 # ASYNC_WARMUP_BATCHES, MAX_OFF_POLICY, ASYNC_BYPASS)
 ASYNC="${ASYNC:-1}"
@@ -73,20 +67,17 @@ ASYNC="${ASYNC:-1}"
 # (sorl_verl/quickstart/sampler.py); empty: verl's built-in sampler
 POLL_INTERVAL="${POLL_INTERVAL-0.1}"
 
-export PYTHON ALGO RUN_DIR RUN_NAME STEPS TEST_FREQ SAVE_FREQ TRAIN_BATCH_SIZE PPO_MINI_BATCH_SIZE GROUP_SIZE \
+# what examples/math/train.sh (and the common.sh it sources) reads
+export ALGO RUN_DIR RUN_NAME STEPS TEST_FREQ SAVE_FREQ TRAIN_BATCH_SIZE PPO_MINI_BATCH_SIZE GROUP_SIZE \
   MICRO_BATCH_PER_GPU LOG_PROB_MICRO_BATCH_PER_GPU ACTOR_LR MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH ASYNC
 export TOTAL_STEPS="$STEPS" TOTAL_EPOCHS="${TOTAL_EPOCHS:-100}" NNODES=1 N_GPUS_PER_NODE=1 MODEL="$RUN_DIR/model"
 export ACTOR_WARMUP_RATIO="${ACTOR_WARMUP_RATIO:-0}" CRITIC_LR="${CRITIC_LR:-1e-3}" CRITIC_WARMUP_RATIO="${CRITIC_WARMUP_RATIO:-0}"
 export PROJECT="${PROJECT:-sorl-quickstart-math}"
 export TRAIN_FILES="$RUN_DIR/task/train.parquet" VAL_FILES="$RUN_DIR/task/val.parquet"
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" TOKENIZERS_PARALLELISM=false
-
-# shellcheck source=../common.sh
-source "$REPO/examples/common.sh"
 
 sorl_qs_begin
 echo "== [1-2/4] task, tiny model, SFT warm start -> $RUN_DIR" >&2
-sorl_qs_wait "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --task math --seed "$PREPARE_SEED" \
+OMP_NUM_THREADS="$PREPARE_THREADS" sorl_qs_wait "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --task math --seed "$PREPARE_SEED" \
   --max-ops "$MAX_OPS" --early-answer-fraction "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
@@ -113,4 +104,4 @@ sorl_qs_train_and_report bash "$REPO/examples/math/train.sh" \
   "trainer.log_val_generations=0" \
   "${SORL_QS_SEED_OVERRIDES[@]}" \
   "${SAMPLER_OVERRIDES[@]}" \
-  "$@"
+  "${SORL_QS_REST[@]}"

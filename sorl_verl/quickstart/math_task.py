@@ -55,6 +55,7 @@ from pathlib import Path
 from data_prep._common import SINGLE_TURN_AGENT, make_row
 from data_prep.templates import render_dapo_math
 from sorl_verl.fileio import write_text_atomic
+from sorl_verl.quickstart.prepare import WarmStartConfig, build_warm_start, prepare_run
 from sorl_verl.quickstart.task import GUESS, SEARCH, SPLITS, plan_demonstrations
 
 DATA_SOURCE = "sorl_quickstart_math"
@@ -261,26 +262,22 @@ def read_problems(path: Path) -> list[Problem]:
 
 
 @dataclass
-class MathPrepareConfig:
+class MathPrepareConfig(WarmStartConfig):
     """Settings of the math quick start's steps 1-2 (recorded in ``prepare.json``; a rerun must match).
 
-    ``early_answer_fraction`` must equal ``run_math_demo.sh``'s ``DEMO_MIX`` default.
+    ``early_answer_fraction`` and ``max_ops`` must equal ``run_math_demo.sh``'s ``DEMO_MIX`` and
+    ``MAX_OPS`` defaults. The model settings are :class:`~sorl_verl.quickstart.prepare.WarmStartConfig`'s
+    (a smaller BPE vocabulary: the texts are few and repetitive; digits are single tokens whatever its size).
     """
 
+    vocab_size: int = 512
     task: str = "math"  # tells a math run folder from a search one in prepare.json
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 2000, "train": 400, "val": 256})
-    seed: int = 0
     early_answer_fraction: float = 0.7
     max_ops: int = 3
     start_range: list[int] = field(default_factory=lambda: [0, 29])
     operand_range: list[int] = field(default_factory=lambda: [1, 9])
     value_range: list[int] = field(default_factory=lambda: [0, 29])
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_layers: int = 2
-    sft_steps: int = 1000
-    sft_batch_size: int = 32
-    sft_lr: float = 3e-3
 
 
 def build_task(task_dir: Path, cfg: MathPrepareConfig) -> list[Problem]:
@@ -296,87 +293,63 @@ def build_task(task_dir: Path, cfg: MathPrepareConfig) -> list[Problem]:
     return problems
 
 
-def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, show_progress: bool = True) -> dict:
-    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats."""
-    from transformers import AutoTokenizer
+WORK_CHECK_PROBLEMS = 100
 
-    from sorl_verl.models.tiny import build_tiny_model
-    from sorl_verl.quickstart.sft import tokenize_trajectory, train_sft
+
+def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, show_progress: bool = True) -> dict:
+    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats.
+
+    ``work_accuracy``: the share of the first :data:`WORK_CHECK_PROBLEMS` RL training problems
+    (never in SFT) whose whole solution the warm start writes right once it goes on past the first
+    step (teacher-forced, greedy, the choice token not checked;
+    :func:`~sorl_verl.quickstart.sft.teacher_forced_exact`): about the ceiling of the training
+    reward RL can reach by teaching it to finish the computation.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sorl_verl.quickstart.sft import teacher_forced_exact, tokenize_trajectory
 
     sft = [p for p in problems if p.split == "sft"]
+    checked = [p for p in problems if p.split == "train"][:WORK_CHECK_PROBLEMS]
     kinds = plan_kinds(sft, cfg.early_answer_fraction, seed=cfg.seed)
     segments = [demonstration(p, kind) for p, kind in zip(sft, kinds, strict=True)]
     texts = [prompt_messages(p)[0]["content"] for p in problems] + ["".join(t for t, _ in s) for s in segments]
-    model_dir = build_tiny_model(
-        run_dir / "model",
-        texts=texts,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        intermediate_size=3 * cfg.hidden_size,
-        extra_tokens=(),
-        seed=cfg.seed,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = [tokenize_trajectory(tokenizer, prompt_messages(p), s) for p, s in zip(sft, segments, strict=True)]
-    losses = train_sft(
-        model_dir,
-        examples,
-        steps=cfg.sft_steps,
-        batch_size=cfg.sft_batch_size,
-        lr=cfg.sft_lr,
-        seed=cfg.seed,
-        show_progress=show_progress,
-    )
-    meta = json.loads((model_dir / "sorl_tiny_model.json").read_text(encoding="utf-8"))
-    prompt_tokens = [sum(m == 0 for m in e.loss_mask) for e in examples]
+    tokenizer = None
+
+    def make_examples(loaded_tokenizer) -> list:
+        nonlocal tokenizer
+        tokenizer = loaded_tokenizer
+        return [tokenize_trajectory(tokenizer, prompt_messages(p), s) for p, s in zip(sft, segments, strict=True)]
+
+    model_dir, stats = build_warm_start(run_dir, cfg, texts, (), make_examples, show_progress)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    full = [tokenize_trajectory(tokenizer, prompt_messages(p), demonstration(p, FULL_UNTAUGHT)) for p in checked]
     return {
-        "n_params": meta["n_params"],
-        "vocab_size": meta["vocab_size"],
-        "sft_examples": len(examples),
+        **stats,
         "sft_early_examples": kinds.count(EARLY),
         "sft_full_choice_taught": kinds.count(FULL) - sum(len(p.steps) == 1 for p in sft),
-        "sft_prompt_tokens_max": max(prompt_tokens),
-        "sft_response_tokens_max": max(len(e.input_ids) - n for e, n in zip(examples, prompt_tokens, strict=True)),
-        "sft_loss_first": losses[0],
-        "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+        "prompt_tokens_max": max(sum(m == 0 for m in e.loss_mask) for e in full),
+        "work_accuracy": teacher_forced_exact(model, full, tokenizer.pad_token_id),
     }
 
 
 def prepare_math(run_dir, cfg: MathPrepareConfig | None = None, show_progress: bool = True) -> dict:
     """Steps 1-2 of the math quick start into ``run_dir`` unless ``prepare.json`` says they are done.
 
-    The same contract as :func:`sorl_verl.quickstart.prepare.prepare`: returns ``prepare.json``'s
-    content; raises :class:`~sorl_verl.quickstart.prepare.PrepareMismatch` naming each setting that
-    differs when the folder was prepared with others (a search quick-start folder included).
+    :func:`sorl_verl.quickstart.prepare.prepare_run`'s contract: returns ``prepare.json``'s content;
+    raises :class:`~sorl_verl.quickstart.prepare.PrepareMismatch` naming each setting that differs
+    when the folder was prepared with others (a search quick-start folder included).
     """
-    import time
-
-    from sorl_verl.quickstart.prepare import PREPARE_MARKER, check_prepared
-
     cfg = cfg or MathPrepareConfig()
-    run_dir = Path(run_dir)
-    marker = run_dir / PREPARE_MARKER
-    if marker.is_file():
-        return check_prepared(marker, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    problems = build_task(run_dir / "task", cfg)
-    task_seconds = time.time() - started
-    model_stats = build_model(run_dir, problems, cfg, show_progress=show_progress)
-    counts = {
-        split: {
-            str(k): sum(p.split == split and len(p.steps) == k for p in problems) for k in range(1, cfg.max_ops + 1)
+
+    def describe(problems: list[Problem]) -> dict:
+        by_steps = {
+            split: {
+                str(k): sum(p.split == split and len(p.steps) == k for p in problems) for k in range(1, cfg.max_ops + 1)
+            }
+            for split in SPLITS
         }
-        for split in SPLITS
-    }
-    info = {
-        "config": asdict(cfg),
-        "problems": {s: sum(p.split == s for p in problems) for s in SPLITS},
-        "problems_by_steps": counts,
-        "task_seconds": round(task_seconds, 1),
-        "model_seconds": round(time.time() - started - task_seconds, 1),
-        **model_stats,
-    }
-    write_text_atomic(marker, json.dumps(info, indent=2) + "\n")
-    return info
+        return {"problems": {s: sum(p.split == s for p in problems) for s in SPLITS}, "problems_by_steps": by_steps}
+
+    return prepare_run(run_dir, cfg, build_task, build_model, describe, show_progress)

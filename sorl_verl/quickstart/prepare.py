@@ -23,8 +23,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from data_prep._common import write_parquet_atomic
 from sorl_verl.fileio import write_text_atomic
@@ -45,11 +47,27 @@ from sorl_verl.quickstart.task import (
     write_facts,
 )
 
+if TYPE_CHECKING:
+    from sorl_verl.quickstart.sft import SFTExample
+
 PREPARE_MARKER = "prepare.json"
 
 
 @dataclass
-class PrepareConfig:
+class WarmStartConfig:
+    """The tiny model and its SFT warm start: the settings the quick starts' tasks share (:func:`build_warm_start`)."""
+
+    seed: int = 0
+    vocab_size: int = 1024  # BPE merges; a task's own tokens (made-up names, tags) come on top, one token each
+    hidden_size: int = 128
+    num_layers: int = 2
+    sft_steps: int = 1000
+    sft_batch_size: int = 32
+    sft_lr: float = 3e-3
+
+
+@dataclass
+class PrepareConfig(WarmStartConfig):
     """Sizes and model settings of the quick start (defaults: what fits ~10 min of demo on 2 idle cores).
 
     ``guess_fraction``, ``topk`` and ``max_obs_length`` must equal run_demo.sh's defaults (``DEMO_MIX``,
@@ -58,19 +76,12 @@ class PrepareConfig:
     """
 
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
-    seed: int = 0
     # the demonstration mix: this share of the SFT demonstrations' choices is a wrong guess at once
     # instead of a search (task.plan_demonstrations), so RL has to teach *when to search*
     guess_fraction: float = 0.7
     include_wiki: bool = True  # search the embedded Wikipedia summaries too (distractors)
     topk: int = 1  # passages per search, in the demonstrations and in the agent loop
     max_obs_length: int = 64  # observation tokens kept, in the demonstrations and in the agent loop
-    vocab_size: int = 1024  # BPE merges; the made-up names come on top, one token each
-    hidden_size: int = 128
-    num_layers: int = 2
-    sft_steps: int = 1000
-    sft_batch_size: int = 32
-    sft_lr: float = 3e-3
 
 
 def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
@@ -117,18 +128,21 @@ def demonstration_segments(
     ]
 
 
-def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
-    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats."""
+def build_warm_start(
+    run_dir: Path,
+    cfg: WarmStartConfig,
+    texts: list[str],
+    extra_tokens: Sequence[str],
+    make_examples: Callable[[object], list[SFTExample]],
+    show_progress: bool = True,
+) -> tuple[Path, dict]:
+    """The tiny model and tokenizer in ``run_dir/model`` (BPE trained on ``texts``, ``extra_tokens``
+    single tokens), then SFT on ``make_examples(tokenizer)``; returns the folder and its stats."""
     from transformers import AutoTokenizer
 
     from sorl_verl.models.tiny import build_tiny_model
-    from sorl_verl.quickstart.sft import tokenize_trajectory, train_sft
+    from sorl_verl.quickstart.sft import train_sft
 
-    sft_facts = [f for f in facts if f.split == "sft"]
-    kinds = plan_demonstrations(len(sft_facts), cfg.guess_fraction, seed=cfg.seed)
-    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, kinds)
-    texts = [f.question for f in facts] + [f.document_text for f in facts]
-    texts += [text for demo in segments for text, _ in demo]
     model_dir = build_tiny_model(
         run_dir / "model",
         texts=texts,
@@ -136,14 +150,10 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         hidden_size=cfg.hidden_size,
         num_layers=cfg.num_layers,
         intermediate_size=3 * cfg.hidden_size,
-        extra_tokens=(*SEARCH_R1_TAGS, *made_up_words(facts)),
+        extra_tokens=extra_tokens,
         seed=cfg.seed,
     )
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = [
-        tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
-        for f, demo in zip(sft_facts, segments, strict=True)
-    ]
+    examples = make_examples(AutoTokenizer.from_pretrained(model_dir))
     losses = train_sft(
         model_dir,
         examples,
@@ -153,17 +163,40 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         seed=cfg.seed,
         show_progress=show_progress,
     )
-    copy = copy_accuracy(model_dir, [f for f in facts if f.split == "train"], run_dir / "task" / "index", cfg)
     meta = json.loads((model_dir / "sorl_tiny_model.json").read_text(encoding="utf-8"))
-    return {
+    return model_dir, {
         "n_params": meta["n_params"],
         "vocab_size": meta["vocab_size"],
         "sft_examples": len(examples),
-        "sft_guess_examples": kinds.count(GUESS),
-        "sft_search_choice_taught": kinds.count(SEARCH),
         "sft_mean_tokens": sum(len(e.input_ids) for e in examples) / len(examples),
         "sft_loss_first": losses[0],
         "sft_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+    }
+
+
+def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
+    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats."""
+    from sorl_verl.quickstart.sft import tokenize_trajectory
+
+    sft_facts = [f for f in facts if f.split == "sft"]
+    kinds = plan_demonstrations(len(sft_facts), cfg.guess_fraction, seed=cfg.seed)
+    segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, kinds)
+    texts = [f.question for f in facts] + [f.document_text for f in facts]
+    texts += [text for demo in segments for text, _ in demo]
+
+    def make_examples(tokenizer) -> list[SFTExample]:
+        return [
+            tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
+            for f, demo in zip(sft_facts, segments, strict=True)
+        ]
+
+    extra_tokens = (*SEARCH_R1_TAGS, *made_up_words(facts))
+    model_dir, stats = build_warm_start(run_dir, cfg, texts, extra_tokens, make_examples, show_progress)
+    copy = copy_accuracy(model_dir, [f for f in facts if f.split == "train"], run_dir / "task" / "index", cfg)
+    return {
+        **stats,
+        "sft_guess_examples": kinds.count(GUESS),
+        "sft_search_choice_taught": kinds.count(SEARCH),
         "copy_accuracy": copy,
     }
 
@@ -206,7 +239,7 @@ class PrepareMismatch(ValueError):
     """``prepare.json`` of a run folder records other settings than the ones asked for."""
 
 
-def check_prepared(marker: Path, cfg: PrepareConfig) -> dict:
+def check_prepared(marker: Path, cfg: WarmStartConfig) -> dict:
     """The content of an existing ``prepare.json``, if its settings equal ``cfg``; else :class:`PrepareMismatch`."""
     try:
         info = json.loads(marker.read_text(encoding="utf-8"))
@@ -232,30 +265,54 @@ def check_prepared(marker: Path, cfg: PrepareConfig) -> dict:
     return info
 
 
-def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_progress: bool = True) -> dict:
-    """Run steps 1-2 into ``run_dir`` unless ``prepare.json`` says they are done; returns its content.
+def prepare_run(
+    run_dir: str | os.PathLike,
+    cfg: WarmStartConfig,
+    build_task: Callable[[Path, WarmStartConfig], list],
+    build_model: Callable[..., dict],
+    describe: Callable[[list], dict],
+    show_progress: bool = True,
+) -> dict:
+    """Steps 1-2 of a quick-start task into ``run_dir`` unless ``prepare.json`` says they are done.
 
-    Raises :class:`PrepareMismatch` when ``prepare.json`` exists with settings other than ``cfg``.
+    ``build_task(run_dir / "task", cfg)`` returns the task's items, ``build_model(run_dir, items, cfg,
+    show_progress=...)`` the warm start's stats, ``describe(items)`` the counts recorded beside them.
+    Returns ``prepare.json``'s content (written last: it marks completion); raises
+    :class:`PrepareMismatch` when it exists with settings other than ``cfg``.
     """
-    cfg = cfg or PrepareConfig()
     run_dir = Path(run_dir)
     marker = run_dir / PREPARE_MARKER
     if marker.is_file():
         return check_prepared(marker, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    facts = build_task(run_dir / "task", cfg)
+    items = build_task(run_dir / "task", cfg)
     task_seconds = time.time() - started
-    model_stats = build_model(run_dir, facts, cfg, show_progress=show_progress)
+    model_stats = build_model(run_dir, items, cfg, show_progress=show_progress)
     info = {
         "config": asdict(cfg),
-        "facts": {s: sum(f.split == s for f in facts) for s in ("sft", "train", "val")},
+        **describe(items),
         "task_seconds": round(task_seconds, 1),
         "model_seconds": round(time.time() - started - task_seconds, 1),
         **model_stats,
     }
     write_text_atomic(marker, json.dumps(info, indent=2) + "\n")
-    warn_weak_warm_start(info)
+    return info
+
+
+def prepare(run_dir: str | os.PathLike, cfg: PrepareConfig | None = None, show_progress: bool = True) -> dict:
+    """Run steps 1-2 into ``run_dir`` unless ``prepare.json`` says they are done; returns its content.
+
+    Raises :class:`PrepareMismatch` when ``prepare.json`` exists with settings other than ``cfg``.
+    """
+    fresh = not (Path(run_dir) / PREPARE_MARKER).is_file()
+
+    def describe(facts: list[Fact]) -> dict:
+        return {"facts": {s: sum(f.split == s for f in facts) for s in ("sft", "train", "val")}}
+
+    info = prepare_run(run_dir, cfg or PrepareConfig(), build_task, build_model, describe, show_progress)
+    if fresh:
+        warn_weak_warm_start(info)
     return info
 
 
