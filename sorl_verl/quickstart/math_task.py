@@ -329,7 +329,7 @@ def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, 
         **stats,
         "sft_early_examples": kinds.count(EARLY),
         "sft_full_choice_taught": kinds.count(FULL) - sum(len(p.steps) == 1 for p in sft),
-        "prompt_tokens_max": max(sum(m == 0 for m in e.loss_mask) for e in full),
+        "prompt_tokens_max": max(e.loss_mask.index(1) for e in full),  # the first trained token ends the prompt
         "work_accuracy": teacher_forced_exact(model, full, tokenizer.pad_token_id),
     }
 

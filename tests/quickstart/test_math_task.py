@@ -155,9 +155,16 @@ def test_prepare_writes_task_model_and_record(prepared):
     n_multi = sum(len(p.steps) > 1 for p in problems if p.split == "sft")
     assert info["sft_early_examples"] == round(0.5 * n_multi)  # 0.7 is capped at half (plan_demonstrations)
     assert info["work_accuracy"] == 0.0  # 3 SFT steps of a 1-layer model write no solution right
-    assert 60 <= info["prompt_tokens_max"] <= 96  # the launcher's MAX_PROMPT_LENGTH
     # the demonstrations' segments tokenize to the whole text's tokens (the choice token is its own segment)
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    prompts = [
+        tokenizer.apply_chat_template(prompt_messages(p), add_generation_prompt=True, tokenize=False) for p in problems
+    ]
+    assert info["prompt_tokens_max"] == max(
+        len(tokenizer.encode(text, add_special_tokens=False))
+        for text, p in zip(prompts, problems, strict=True)
+        if p.split == "train"
+    )
     for p in problems[:20]:
         segments = demonstration(p, FULL_UNTAUGHT)
         example = tokenize_trajectory(tokenizer, prompt_messages(p), segments)
