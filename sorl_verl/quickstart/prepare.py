@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -191,19 +191,40 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         ]
 
     extra_tokens = (*SEARCH_R1_TAGS, *made_up_words(facts))
-    model_dir, stats = build_warm_start(run_dir, cfg, texts, extra_tokens, make_examples, show_progress)
-    copy = copy_accuracy(model_dir, [f for f in facts if f.split == "train"], run_dir / "task" / "index", cfg)
+    held_out = [f for f in facts if f.split == "train"]
+    copies: list[float] = []
+    for attempt in range(1 + SFT_RETRIES):
+        # a retry starts from a fresh initialization with another SFT seed (same data and settings)
+        attempt_cfg = replace(cfg, seed=cfg.seed + RETRY_SEED_OFFSET * attempt)
+        model_dir, stats = build_warm_start(run_dir, attempt_cfg, texts, extra_tokens, make_examples, show_progress)
+        copies.append(copy_accuracy(model_dir, held_out, run_dir / "task" / "index", cfg))
+        if not copies[-1] < MIN_COPY_ACCURACY or attempt == SFT_RETRIES:
+            break
+        print(
+            f"warm start: copy accuracy {copies[-1]:.0%} < {MIN_COPY_ACCURACY:.0%} after {cfg.sft_steps} SFT steps; "
+            f"SFT again from a fresh initialization (seed {cfg.seed + RETRY_SEED_OFFSET * (attempt + 1)})",
+            file=sys.stderr,
+        )
     return {
         **stats,
         "sft_guess_examples": kinds.count(GUESS),
         "sft_search_choice_taught": kinds.count(SEARCH),
-        "copy_accuracy": copy,
+        "copy_accuracy": copies[-1],
+        "sft_attempts": len(copies),
+        "copy_accuracy_per_attempt": copies,
     }
 
 
 # A warm start below this copy accuracy makes a demo whose RL has (almost) nothing to learn from.
+# Measured (docs/quickstart.md): the documented seeds' 1000-step warm starts 0.85, 0.99, 1.00; one
+# made on an idle machine with two torch threads 0.42 (RL: 0.000 -> 0.000). The copying skill
+# appears late in SFT, at a step that varies with the seed and the machine; 500 more SFT steps
+# on the 0.42 warm start reached only 0.53, so a weak warm start is redone from a fresh
+# initialization with another seed (at most SFT_RETRIES times; the last attempt is kept, with a warning).
 MIN_COPY_ACCURACY = 0.8
 COPY_CHECK_FACTS = 100
+SFT_RETRIES = 1
+RETRY_SEED_OFFSET = 1000
 
 
 def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: PrepareConfig) -> float:

@@ -123,12 +123,39 @@ def test_config_defaults_match_the_launcher_defaults():
 
 
 def test_copy_accuracy_is_recorded_and_a_weak_warm_start_warns(prepared, capsys):
-    from sorl_verl.quickstart.prepare import warn_weak_warm_start
+    from sorl_verl.quickstart.prepare import SFT_RETRIES, warn_weak_warm_start
 
     _, _, info = prepared
     assert 0.0 <= info["copy_accuracy"] <= 1.0
     assert info["copy_accuracy"] < 0.5  # 3 SFT steps of a 1-layer model learn no copying
+    # a weak warm start is redone from a fresh initialization, and the last attempt is kept
+    assert info["sft_attempts"] == 1 + SFT_RETRIES == len(info["copy_accuracy_per_attempt"])
+    assert info["copy_accuracy_per_attempt"][-1] == info["copy_accuracy"]
     assert warn_weak_warm_start(info)
     assert "copy_accuracy" in capsys.readouterr().err
     assert not warn_weak_warm_start({**info, "copy_accuracy": 0.97})
     assert not warn_weak_warm_start({"config": {}})  # a warm start prepared before the check
+
+
+def test_a_warm_start_that_copies_is_kept_at_the_first_attempt(tmp_path, monkeypatch):
+    import sorl_verl.quickstart.prepare as prep
+
+    seeds = []
+    build = prep.build_warm_start
+    monkeypatch.setattr(
+        prep, "build_warm_start", lambda run_dir, cfg, *a, **k: seeds.append(cfg.seed) or build(run_dir, cfg, *a, **k)
+    )
+    monkeypatch.setattr(prep, "copy_accuracy", lambda *a, **k: 0.9)
+    cfg = PrepareConfig(
+        sizes={"sft": 8, "train": 4, "val": 4},
+        include_wiki=False,
+        hidden_size=16,
+        num_layers=1,
+        vocab_size=200,
+        sft_steps=1,
+        sft_batch_size=2,
+        seed=7,
+    )
+    info = prepare(tmp_path / "run", cfg, show_progress=False)
+    assert seeds == [7] and info["sft_attempts"] == 1 and info["copy_accuracy"] == 0.9
+    assert info["config"]["seed"] == 7
