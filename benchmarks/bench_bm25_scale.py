@@ -33,6 +33,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,14 +56,18 @@ WARM_QUERIES = 1000
 TIMED_QUERIES = 1024
 GB = 1e9
 
-COLUMNS = [
+BUILD_COLUMNS = [
     "passages",
     "build_s",
+    "build_cpu_s",
     "build_peak_gb",
     "bm25_bytes",
     "docs_bytes",
     "vocab",
     "postings",
+    "load_avg_build",
+]
+COLUMNS = BUILD_COLUMNS + [
     "load_s",
     "rss_load_mb",
     "anon_load_mb",
@@ -71,7 +76,8 @@ COLUMNS = [
     "file_1000q_mb",
     "qps_1_thread",
     "qps_2_threads",
-    "load_avg_build",
+    "qps_cpu_1_thread",
+    "qps_cpu_2_threads",
     "load_avg_search",
 ]
 
@@ -112,7 +118,8 @@ def child_build(corpus: str, index: str, in_memory: bool) -> dict:
         write_meta(out, {"method": "bm25", "num_docs": len(ids), "corpus": corpus, **meta})
     else:
         build_index(corpus, index, show_progress=True)
-    return {"build_s": time.perf_counter() - started, **proc_status()}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"build_s": time.perf_counter() - started, "cpu_s": usage.ru_utime + usage.ru_stime, **proc_status()}
 
 
 def child_search(index: str, queries_path: str) -> dict:
@@ -128,13 +135,15 @@ def child_search(index: str, queries_path: str) -> dict:
     result["after_1000"] = proc_status()
     for threads in (1, 2):
         retriever.set_search_threads(threads)
-        best = float("inf")
+        wall, cpu = [], []
         for _ in range(3):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for i in range(0, len(timed), BATCH):
                 retriever.search(timed[i : i + BATCH], topk=TOPK)
-            best = min(best, time.perf_counter() - start)
-        result[f"qps_{threads}"] = len(timed) / best
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)  # all threads of this process
+        result[f"qps_{threads}"] = len(timed) / min(wall)
+        result[f"qps_cpu_{threads}"] = len(timed) / min(cpu)
     result["after_timing"] = proc_status()
     return result
 
@@ -190,52 +199,61 @@ def synthetic_queries(corpus: Path, count: int, seed: int = 1) -> list[str]:
 # ---------------------------------------------------------------- measurement, fit, tables
 
 
-def measure(passages: int, work: Path) -> dict:
+def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
+    """Build and search figures of one size; with ``saved`` (an earlier row), only the search step is rerun."""
     print(f"\n-- {passages:,} passages (load average {os.getloadavg()[0]:.1f})", flush=True)
     corpus = synthetic_corpus_file(work, passages)
     index = work / f"index_{passages}"
-    shutil.rmtree(index, ignore_errors=True)
-    load_before = os.getloadavg()[0]
-    build = run_child(["--_build", str(corpus), str(index)], work / f"build_{passages}.log")
-    peak_gb = build["VmHWM"] * 1e6 / GB
-    load_build = (load_before + os.getloadavg()[0]) / 2
-    meta = json.loads((index / "meta.json").read_text())
-    print(
-        f"   build {build['build_s']:.0f} s, peak {peak_gb:.2f} GB (VmHWM), "
-        f"vocabulary {meta['bm25']['vocab_size']:,}, {meta['bm25']['postings']:,} postings",
-        flush=True,
-    )
+    if saved is None:
+        shutil.rmtree(index, ignore_errors=True)
+        load_before = os.getloadavg()[0]
+        build = run_child(["--_build", str(corpus), str(index)], work / f"build_{passages}.log")
+        meta = json.loads((index / "meta.json").read_text())
+        row = {
+            "passages": passages,
+            "build_s": build["build_s"],
+            "build_cpu_s": build["cpu_s"],
+            "build_peak_gb": build["VmHWM"] * 1e6 / GB,
+            "bm25_bytes": folder_bytes(index / "bm25"),
+            "docs_bytes": folder_bytes(index) - folder_bytes(index / "bm25"),
+            "vocab": meta["bm25"]["vocab_size"],
+            "postings": meta["bm25"]["postings"],
+            "load_avg_build": (load_before + os.getloadavg()[0]) / 2,
+        }
+        print(
+            f"   build {row['build_s']:.0f} s ({row['build_cpu_s']:.0f} s CPU), peak {row['build_peak_gb']:.2f} GB "
+            f"(VmHWM), vocabulary {row['vocab']:,}, {row['postings']:,} postings; index {row['bm25_bytes'] / GB:.2f} GB "
+            f"+ docs {row['docs_bytes'] / GB:.2f} GB (load average {row['load_avg_build']:.1f})",
+            flush=True,
+        )
+    else:
+        row = {k: saved.get(k, float("nan")) for k in BUILD_COLUMNS}  # build_cpu_s: not in older rows
     queries_path = work / f"queries_{passages}.json"
     queries_path.write_text(json.dumps(synthetic_queries(corpus, WARM_QUERIES + TIMED_QUERIES)))
     load_before = os.getloadavg()[0]
     search = run_child(["--_search", str(index), str(queries_path)], work / f"search_{passages}.log")
-    load_search = (load_before + os.getloadavg()[0]) / 2
-    row = {
-        "passages": passages,
-        "build_s": build["build_s"],
-        "build_peak_gb": peak_gb,
-        "bm25_bytes": folder_bytes(index / "bm25"),
-        "docs_bytes": folder_bytes(index) - folder_bytes(index / "bm25"),
-        "vocab": meta["bm25"]["vocab_size"],
-        "postings": meta["bm25"]["postings"],
-        "load_s": search["load_s"],
-        "rss_load_mb": search["after_load"]["VmRSS"],
-        "anon_load_mb": search["after_load"]["RssAnon"],
-        "rss_1000q_mb": search["after_1000"]["VmRSS"],
-        "anon_1000q_mb": search["after_1000"]["RssAnon"],
-        "file_1000q_mb": search["after_1000"]["RssFile"],
-        "qps_1_thread": search["qps_1"],
-        "qps_2_threads": search["qps_2"],
-        "load_avg_build": load_build,
-        "load_avg_search": load_search,
-        "measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-    }
+    row.update(
+        {
+            "load_s": search["load_s"],
+            "rss_load_mb": search["after_load"]["VmRSS"],
+            "anon_load_mb": search["after_load"]["RssAnon"],
+            "rss_1000q_mb": search["after_1000"]["VmRSS"],
+            "anon_1000q_mb": search["after_1000"]["RssAnon"],
+            "file_1000q_mb": search["after_1000"]["RssFile"],
+            "qps_1_thread": search["qps_1"],
+            "qps_2_threads": search["qps_2"],
+            "qps_cpu_1_thread": search["qps_cpu_1"],
+            "qps_cpu_2_threads": search["qps_cpu_2"],
+            "load_avg_search": (load_before + os.getloadavg()[0]) / 2,
+            "measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        }
+    )
     print(
-        f"   index {row['bm25_bytes'] / GB:.2f} GB + docs {row['docs_bytes'] / GB:.2f} GB; retriever loaded in "
-        f"{row['load_s']:.1f} s: RSS {row['rss_load_mb']:.0f} MB -> {row['rss_1000q_mb']:.0f} MB after "
-        f"{WARM_QUERIES} queries (anonymous {row['anon_1000q_mb']:.0f} MB, file pages {row['file_1000q_mb']:.0f} MB); "
-        f"{row['qps_1_thread']:.0f} queries/s on 1 thread, {row['qps_2_threads']:.0f} on 2 "
-        f"(load average {load_search:.1f})",
+        f"   retriever loaded in {row['load_s']:.1f} s: RSS {row['rss_load_mb']:.0f} MB -> {row['rss_1000q_mb']:.0f} MB "
+        f"after {WARM_QUERIES} queries (anonymous {row['anon_1000q_mb']:.0f} MB, file pages "
+        f"{row['file_1000q_mb']:.0f} MB); queries/s: {row['qps_1_thread']:.0f} on 1 thread, "
+        f"{row['qps_2_threads']:.0f} on 2 (wall clock); {row['qps_cpu_1_thread']:.0f} and "
+        f"{row['qps_cpu_2_threads']:.0f} per CPU-second (load average {row['load_avg_search']:.1f})",
         flush=True,
     )
     return row
@@ -272,18 +290,21 @@ def projections(rows: list[dict]) -> list[dict]:
         )
 
     add("build peak memory", col["build_peak_gb"], "GB", TARGET_BUILD_PEAK_GB)
-    add("build time", col["build_s"] / 60, "min")
+    add("build time (wall, at the loads above)", col["build_s"] / 60, "min")
+    if not np.isnan(col["build_cpu_s"]).any():
+        add("build CPU time", col["build_cpu_s"] / 60, "min")
     add("index on disk (BM25 arrays)", col["bm25_bytes"] / GB, "GB")
     add("docs.jsonl + offset table", col["docs_bytes"] / GB, "GB")
     add("retriever RSS after 1000 queries", col["rss_1000q_mb"] / 1000, "GB", TARGET_RSS_GB)
     add("  of which anonymous", col["anon_1000q_mb"] / 1000, "GB")
-    seconds = 1.0 / col["qps_1_thread"]  # per query: grows with the posting lists, i.e. with N
+    # CPU seconds per query (load-independent; grows with the posting lists, i.e. with N)
+    seconds = 1.0 / col["qps_cpu_1_thread"]
     a, b = fit_line(n, seconds)
-    target = first["qps_1_thread"] * first["passages"] / WIKI18
+    target = first["qps_cpu_1_thread"] * first["passages"] / WIKI18
     projected = 1.0 / (a + b * WIKI18)
     out.append(
         {
-            "figure": "queries/s per core (1 thread)",
+            "figure": "queries per CPU-second (1 thread)",
             "fit": f"1 / ({a * 1e3:.3g} ms + {b * 1e9:.3g} ms per 1M)",
             "projected": projected,
             "unit": "queries/s",
@@ -296,16 +317,19 @@ def projections(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict], projected: list[dict], context: str) -> str:
     lines = [
-        "| passages | build | build peak | BM25 arrays | docs + offsets | vocabulary | postings | retriever RSS: "
-        "loaded / after 1000 queries (anonymous) | queries/s, 1 thread / 2 threads | load average (build / search) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| passages | build: wall (CPU) | build peak | BM25 arrays | docs + offsets | vocabulary | postings | "
+        "retriever RSS: loaded / after 1000 queries | of which anonymous | queries/s, 1 / 2 threads (wall) | "
+        "queries per CPU-second, 1 / 2 threads | load average: build / search |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        cpu = "" if r["build_cpu_s"] != r["build_cpu_s"] else f" ({r['build_cpu_s'] / 60:.1f})"
         lines.append(
-            f"| {r['passages'] / 1e6:g}M | {r['build_s'] / 60:.1f} min | {r['build_peak_gb']:.2f} GB | "
+            f"| {r['passages'] / 1e6:g}M | {r['build_s'] / 60:.1f}{cpu} min | {r['build_peak_gb']:.2f} GB | "
             f"{r['bm25_bytes'] / GB:.2f} GB | {r['docs_bytes'] / GB:.2f} GB | {int(r['vocab']):,} | "
-            f"{int(r['postings']):,} | {r['rss_load_mb']:.0f} MB / {r['rss_1000q_mb']:.0f} MB "
-            f"({r['anon_1000q_mb']:.0f} MB) | {r['qps_1_thread']:.0f} / {r['qps_2_threads']:.0f} | "
+            f"{int(r['postings']):,} | {r['rss_load_mb'] / 1000:.2f} / {r['rss_1000q_mb'] / 1000:.2f} GB | "
+            f"{r['anon_1000q_mb'] / 1000:.2f} GB | {r['qps_1_thread']:.0f} / {r['qps_2_threads']:.0f} | "
+            f"{r['qps_cpu_1_thread']:.0f} / {r['qps_cpu_2_threads']:.0f} | "
             f"{r['load_avg_build']:.1f} / {r['load_avg_search']:.1f} |"
         )
     lines += [
@@ -368,6 +392,11 @@ def main() -> None:
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/figures alone")
     parser.add_argument(
+        "--remeasure-search",
+        action="store_true",
+        help="with --reuse: rerun the search step on the kept indexes (the build figures are reused)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="take a size's figures from an earlier run's WORK/row_N.json instead of measuring it",
@@ -387,10 +416,14 @@ def main() -> None:
     for n in sorted(args.scale):
         saved = args.work / f"row_{n}.json"
         if args.reuse and saved.is_file():
-            rows.append(json.loads(saved.read_text()))
-            print(f"\n-- {n:,} passages: reusing the measurement in {saved}")
-            continue
-        rows.append(measure(n, args.work))
+            row = json.loads(saved.read_text())
+            if not args.remeasure_search and all(k in row for k in COLUMNS):
+                rows.append(row)
+                print(f"\n-- {n:,} passages: reusing the measurement in {saved}")
+                continue
+            rows.append(measure(n, args.work, saved=row))  # the index is kept: only the search step
+        else:
+            rows.append(measure(n, args.work))
         saved.write_text(json.dumps(rows[-1]) + "\n")
     projected = projections(rows)
     when = sorted(r["measured"] for r in rows)
@@ -398,21 +431,35 @@ def main() -> None:
         f"Measured {when[0]} to {when[-1]} by `python benchmarks/bench_bm25_scale.py --scale "
         f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {os.nice(0)}) on {os.cpu_count()} CPU cores "
         f"shared with other jobs (load averages in the table). Synthetic passages of 100 words from the "
-        f"embedded corpus's word frequencies: their vocabulary stops growing (wiki-18's does not), so the "
-        f"vocabulary terms of the projection are low."
+        f"embedded corpus's word frequencies, titled `Synthetic i`: the title's number is a term of its own, "
+        f"so the vocabulary grows by one term a passage (21M terms at 21M passages), faster than a real "
+        f"corpus's; what grows with the vocabulary (the build's term tables, the retriever's vocabulary dict) "
+        f"is projected high rather than low."
     )
+    n = min(args.scale)
+    former = args.work / f"in_memory_{n}.json"
     if args.compare_in_memory:
-        n = min(args.scale)
         corpus = synthetic_corpus_file(args.work, n)
         index = args.work / f"index_{n}_in_memory"
         shutil.rmtree(index, ignore_errors=True)
         load = os.getloadavg()[0]
         build = run_child(["--_build-in-memory", str(corpus), str(index)], args.work / f"build_{n}_mem.log")
-        peak_gb = build["VmHWM"] * 1e6 / GB
+        figures = {
+            "build_s": build["build_s"],
+            "cpu_s": build["cpu_s"],
+            "peak_gb": build["VmHWM"] * 1e6 / GB,
+            "load_before": load,
+            "load_after": os.getloadavg()[0],
+        }
+        former.write_text(json.dumps(figures) + "\n")
+        shutil.rmtree(index, ignore_errors=True)
+    if former.is_file():  # this run's or an earlier one's
+        f = json.loads(former.read_text())
+        cpu = f" ({f['cpu_s'] / 60:.1f} min CPU)" if "cpu_s" in f else ""
         line = (
             f"Former in-memory build (bm25s Tokenizer + BM25.index, corpus in lists) of the {n / 1e6:g}M corpus: "
-            f"{build['build_s'] / 60:.1f} min, peak {peak_gb:.2f} GB (load average {load:.1f} -> "
-            f"{os.getloadavg()[0]:.1f})."
+            f"{f['build_s'] / 60:.1f} min{cpu}, peak {f['peak_gb']:.2f} GB (load average {f['load_before']:.1f} -> "
+            f"{f['load_after']:.1f})."
         )
         print(f"\n-- {line}")
         context += "\n\n" + line

@@ -188,3 +188,19 @@ def test_cli_options(small_corpus, tmp_path, capsys):
     assert args.search_threads == 3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--index", "x", "--search-threads", "0"])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_argmax_passes_equal_the_partition_path(seed):
+    """Up to ARGMAX_TOPK, top_k_rows takes k argmax passes; both paths order by score, then lower row,
+    and leave the scores as they were."""
+    from sorl_verl.retrieval import bm25
+
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, 6, size=200).astype(np.float32) / 2  # many ties
+    before = scores.copy()
+    for k in range(1, bm25.ARGMAX_TOPK + 1):
+        expected = np.lexsort((np.arange(200), -scores))[:k]
+        assert bm25.top_k_rows(scores, k).tolist() == expected.tolist()
+        assert np.array_equal(scores, before)
+    assert bm25.top_k_rows(scores, 50).tolist() == np.lexsort((np.arange(200), -scores))[:50].tolist()
