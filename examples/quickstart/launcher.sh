@@ -10,6 +10,7 @@
 #   sorl_qs_begin              cleanup of a killed launch, private Ray temp dir, exit traps
 #   sorl_qs_wait CMD...        a long step that a signal can interrupt
 #   sorl_qs_seed_overrides     SORL_QS_SEED_OVERRIDES from SEED
+#   sorl_qs_sampler_overrides  SORL_QS_SAMPLER_OVERRIDES from POLL_INTERVAL
 #   sorl_qs_train_and_report CMD...
 
 # sorl_qs_args [ALGO] [--out RUN_DIR] [overrides...]: ALGO (default so_grpo), OUT ("" = a new
@@ -89,6 +90,19 @@ sorl_qs_seed_overrides() {
     actor_rollout_ref.ref.fsdp_config.seed actor_rollout_ref.rollout.seed critic.data_loader_seed critic.fsdp.seed; do
     SORL_QS_SEED_OVERRIDES+=("$key=$SEED")
   done
+}
+
+# sorl_qs_sampler_overrides: SORL_QS_SAMPLER_OVERRIDES, the trainer overrides of the quick start's
+# sampler (sorl_verl/quickstart/sampler.py: verl's replay buffer polled every POLL_INTERVAL s instead
+# of 2 s); none when POLL_INTERVAL is empty (verl's built-in sampler, e.g. for DAPO's filter_groups).
+sorl_qs_sampler_overrides() {
+  SORL_QS_SAMPLER_OVERRIDES=()
+  [[ -n "$POLL_INTERVAL" ]] || return 0
+  SORL_QS_SAMPLER_OVERRIDES=(
+    "trainer.v1.sampler.custom_sampler.path=pkg://sorl_verl.quickstart.sampler"
+    "trainer.v1.sampler.custom_sampler.name=QuickPollSampler"
+    "+trainer.v1.sampler.sampler_kwargs.poll_interval=$POLL_INTERVAL"
+  )
 }
 
 # sorl_qs_train_and_report CMD...: runs the trainer command, its output through the progress filter

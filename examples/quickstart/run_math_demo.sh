@@ -82,14 +82,7 @@ OMP_NUM_THREADS="$PREPARE_THREADS" sorl_qs_wait "$PYTHON" -m sorl_verl.quickstar
 
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
 sorl_qs_seed_overrides
-SAMPLER_OVERRIDES=()
-if [[ -n "$POLL_INTERVAL" ]]; then
-  SAMPLER_OVERRIDES=(
-    "trainer.v1.sampler.custom_sampler.path=pkg://sorl_verl.quickstart.sampler"
-    "trainer.v1.sampler.custom_sampler.name=QuickPollSampler"
-    "+trainer.v1.sampler.sampler_kwargs.poll_interval=$POLL_INTERVAL"
-  )
-fi
+sorl_qs_sampler_overrides
 
 echo "== [3/4] verl trainer (examples/math/train.sh): $ALGO, ASYNC=$ASYNC, $STEPS steps (log: $RUN_DIR/train.log)" >&2
 sorl_qs_train_and_report bash "$REPO/examples/math/train.sh" \
@@ -103,5 +96,5 @@ sorl_qs_train_and_report bash "$REPO/examples/math/train.sh" \
   "trainer.resume_mode=auto" \
   "trainer.log_val_generations=0" \
   "${SORL_QS_SEED_OVERRIDES[@]}" \
-  "${SAMPLER_OVERRIDES[@]}" \
+  "${SORL_QS_SAMPLER_OVERRIDES[@]}" \
   "${SORL_QS_REST[@]}"

@@ -125,14 +125,8 @@ def test_problems_round_trip_and_malformed_lines_are_located(tmp_path):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("math_run")
-    cfg = MathPrepareConfig(
-        sizes={"sft": 40, "train": 12, "val": 8},
-        hidden_size=32,
-        num_layers=1,
-        vocab_size=300,
-        sft_steps=3,
-        sft_batch_size=4,
-    )
+    tiny = {"hidden_size": 32, "num_layers": 1, "vocab_size": 300, "sft_steps": 3, "sft_batch_size": 4}
+    cfg = MathPrepareConfig(sizes={"sft": 40, "train": 12, "val": 8}, **tiny)
     return run_dir, cfg, prepare_math(run_dir, cfg, show_progress=False)
 
 
@@ -232,10 +226,6 @@ def test_config_defaults_match_the_launcher_defaults():
     from pathlib import Path
 
     script = (Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "run_math_demo.sh").read_text()
-
-    def default(var):
-        return re.search(rf'^{var}="\$\{{{var}:-([^}}]+)\}}"', script, re.M).group(1)
-
+    defaults = dict(re.findall(r'^(\w+)="\$\{\w+:-([^}]+)\}"$', script, re.M))
     cfg = MathPrepareConfig()
-    assert float(default("DEMO_MIX")) == cfg.early_answer_fraction
-    assert int(default("MAX_OPS")) == cfg.max_ops
+    assert (float(defaults["DEMO_MIX"]), int(defaults["MAX_OPS"])) == (cfg.early_answer_fraction, cfg.max_ops)
