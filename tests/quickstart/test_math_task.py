@@ -167,13 +167,6 @@ def test_prepare_writes_task_model_and_record(prepared):
         assert sum(1 - m for m in example.loss_mask[-len(whole) - 1 :]) == (len(p.steps) > 1)
 
 
-def test_prepare_math_is_skipped_when_done(prepared):
-    run_dir, cfg, info = prepared
-    stamp = (run_dir / "model" / "model.safetensors").stat().st_mtime_ns
-    assert prepare_math(run_dir, cfg, show_progress=False) == info
-    assert (run_dir / "model" / "model.safetensors").stat().st_mtime_ns == stamp
-
-
 @pytest.mark.parametrize(
     "change", [{"seed": 7}, {"early_answer_fraction": 0.3}, {"max_ops": 2}, {"operand_range": [2, 5]}]
 )
@@ -194,7 +187,7 @@ def test_a_search_folder_is_not_taken_for_a_math_one(tmp_path):
         prepare_math(tmp_path, MathPrepareConfig(), show_progress=False)
 
 
-def test_cli_math_options(prepared, capsys):
+def test_cli_math_options_and_a_prepared_folder_is_skipped(prepared, capsys):
     from sorl_verl.quickstart.__main__ import main
 
     run_dir, cfg, info = prepared
@@ -215,8 +208,10 @@ def test_cli_math_options(prepared, capsys):
         "--sft-batch-size",
         "4",
     ]
+    stamp = (run_dir / "model" / "model.safetensors").stat().st_mtime_ns
     main(["prepare", str(run_dir), "--task", "math", *sizes, *model, "--quiet"])  # the same settings: skipped
     assert json.loads(capsys.readouterr().out) == info
+    assert (run_dir / "model" / "model.safetensors").stat().st_mtime_ns == stamp
     with pytest.raises(SystemExit, match="prepared with other settings \\(max_ops: prepared 3, asked 2\\)"):
         main(["prepare", str(run_dir), "--task", "math", *sizes, *model, "--max-ops", "2", "--quiet"])
 
