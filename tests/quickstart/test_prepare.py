@@ -15,10 +15,9 @@ def read_facts(path):
     return [Fact(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    cfg = PrepareConfig(
+def tiny_config(**changes) -> PrepareConfig:
+    """A task and model small enough for a test: no Wikipedia, a 1-layer model, 3 SFT steps."""
+    settings = dict(
         sizes={"sft": 40, "train": 12, "val": 8},
         include_wiki=False,
         hidden_size=32,
@@ -28,6 +27,13 @@ def prepared(tmp_path_factory):
         sft_batch_size=4,
         guess_fraction=0.25,
     )
+    return PrepareConfig(**{**settings, **changes})
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = tiny_config()
     info = prepare(run_dir, cfg, show_progress=False)
     return run_dir, cfg, info
 
@@ -146,16 +152,6 @@ def test_a_warm_start_that_copies_is_kept_at_the_first_attempt(tmp_path, monkeyp
         prep, "build_warm_start", lambda run_dir, cfg, *a, **k: seeds.append(cfg.seed) or build(run_dir, cfg, *a, **k)
     )
     monkeypatch.setattr(prep, "copy_accuracy", lambda *a, **k: 0.9)
-    cfg = PrepareConfig(
-        sizes={"sft": 8, "train": 4, "val": 4},
-        include_wiki=False,
-        hidden_size=16,
-        num_layers=1,
-        vocab_size=200,
-        sft_steps=1,
-        sft_batch_size=2,
-        seed=7,
-    )
-    info = prepare(tmp_path / "run", cfg, show_progress=False)
+    info = prepare(tmp_path / "run", tiny_config(sizes={"sft": 8, "train": 4, "val": 4}, seed=7), show_progress=False)
     assert seeds == [7] and info["sft_attempts"] == 1 and info["copy_accuracy"] == 0.9
     assert info["config"]["seed"] == 7
