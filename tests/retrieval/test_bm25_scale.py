@@ -204,3 +204,21 @@ def test_top_k_argmax_passes_equal_the_partition_path(seed):
         assert bm25.top_k_rows(scores, k).tolist() == expected.tolist()
         assert np.array_equal(scores, before)
     assert bm25.top_k_rows(scores, 50).tolist() == np.lexsort((np.arange(200), -scores))[:50].tolist()
+
+
+def test_blocked_top_k_equals_scoring_every_match(both_indexes):
+    """Blocked search (small blocks here, so a query spans many) returns the documents and scores that
+    scoring every matching document and taking its top k does."""
+    from sorl_verl.retrieval import bm25
+
+    retriever = load_retriever(both_indexes[0])
+    retriever._block_edges = np.append(np.arange(0, len(retriever), 97, dtype=np.int64), len(retriever))
+    questions = [q.text for q in load_questions(embedded_corpus_path())[:200]] + ["seurat", "the of", "zürich"]
+    for query in questions:
+        token_ids = retriever.query_token_ids(query)
+        for k in (1, 3, bm25.ARGMAX_TOPK):
+            rows, scores = retriever.score_matching(token_ids)
+            best = bm25.top_k_rows(scores, k)
+            got_rows, got_scores = retriever.top_k_blocked(token_ids, k)
+            assert got_rows.tolist() == rows[best].tolist() and np.array_equal(got_scores, scores[best]), query
+    assert not retriever._buffer().any()  # left zeroed for the next query
