@@ -219,6 +219,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
             "vocab": meta["bm25"]["vocab_size"],
             "postings": meta["bm25"]["postings"],
             "load_avg_build": (load_before + os.getloadavg()[0]) / 2,
+            "build_measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         }
         print(
             f"   build {row['build_s']:.0f} s ({row['build_cpu_s']:.0f} s CPU), peak {row['build_peak_gb']:.2f} GB "
@@ -228,6 +229,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
         )
     else:
         row = {k: saved.get(k, float("nan")) for k in BUILD_COLUMNS}  # build_cpu_s: not in older rows
+        row["build_measured"] = saved.get("build_measured", "?")
     queries_path = work / f"queries_{passages}.json"
     queries_path.write_text(json.dumps(synthetic_queries(corpus, WARM_QUERIES + TIMED_QUERIES)))
     load_before = os.getloadavg()[0]
@@ -246,6 +248,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
             "qps_cpu_2_threads": search["qps_cpu_2"],
             "load_avg_search": (load_before + os.getloadavg()[0]) / 2,
             "measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "nice": os.nice(0),
         }
     )
     print(
@@ -426,10 +429,12 @@ def main() -> None:
             rows.append(measure(n, args.work))
         saved.write_text(json.dumps(rows[-1]) + "\n")
     projected = projections(rows)
-    when = sorted(r["measured"] for r in rows)
+    built = sorted(r.get("build_measured", "?") for r in rows)
+    searched = sorted(r["measured"] for r in rows)
     context = (
-        f"Measured {when[0]} to {when[-1]} by `python benchmarks/bench_bm25_scale.py --scale "
-        f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {os.nice(0)}) on {os.cpu_count()} CPU cores "
+        f"Builds finished {built[0]} to {built[-1]}, searches measured {searched[0]} to {searched[-1]}, "
+        f"by `python benchmarks/bench_bm25_scale.py --scale "
+        f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {', '.join(sorted({str(r.get('nice', '?')) for r in rows}))}) on {os.cpu_count()} CPU cores "
         f"shared with other jobs (load averages in the table). Synthetic passages of 100 words from the "
         f"embedded corpus's word frequencies, titled `Synthetic i`: the title's number is a term of its own, "
         f"so the vocabulary grows by one term a passage (21M terms at 21M passages), faster than a real "

@@ -590,7 +590,8 @@ def build_bm25_in_memory(
     show_progress: bool = True,
 ) -> dict:
     """The former builder: bm25s's Tokenizer and ``BM25.index`` over the whole corpus in memory
-    (about 8.6 GB at 1M passages). Kept as the reference :func:`build_bm25` is tested against."""
+    (4.3 GB peak at 1M synthetic passages, docs/retrieval.md). Kept as the reference
+    :func:`build_bm25` is tested against."""
     tokenizer = bm25s.tokenization.Tokenizer(
         lower=True,
         splitter=TOKEN_PATTERN,
