@@ -1,7 +1,5 @@
 # The CPU quick starts' launcher steps, as functions. Sourced (it sets nothing by itself), first
-# thing, by examples/quickstart/run_math_demo.sh. run_demo.sh has the same steps inline: a
-# benchmark sweep executes it as it is (bash reads a running script lazily, so it is not edited
-# while one runs); it moves to these functions once nothing depends on it.
+# thing, by examples/quickstart/run_demo.sh and run_math_demo.sh.
 #
 # Order of use:
 #   sorl_qs_args "$@"          ALGO, OUT, SORL_QS_REST (the Hydra overrides)

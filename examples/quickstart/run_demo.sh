@@ -22,28 +22,11 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STARTED_AT="$(date +%s)"
-
-ALGO="${1:-so_grpo}"
-(($#)) && shift
-OUT=""
-if [[ "${1:-}" == "--out" ]]; then
-  [[ -n "${2:-}" ]] || { echo "error: --out needs a folder" >&2; exit 1; }
-  OUT="$2"
-  shift 2
-fi
+# shellcheck source=launcher.sh
+source "$REPO/examples/quickstart/launcher.sh"
+sorl_qs_args "$@"
+sorl_qs_run_dir "$ALGO"
 export ALGO
-
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
-fi
-export PYTHON
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-export TOKENIZERS_PARALLELISM=false
-
-RUN_DIR="${OUT:-$REPO/runs/$ALGO-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$RUN_DIR"
-RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-RUN_NAME="$(basename "$RUN_DIR")"
 
 # ---- the demo's scale (ours: what fits ~15 minutes on 2 CPU cores)
 STEPS="${STEPS:-20}"
@@ -97,18 +80,15 @@ PREPARE_SEED="${PREPARE_SEED:-$SEED}"
 # learn it, 600 did not reliably); above 0.5 some carry no loss on <search>
 # (task.plan_demonstrations). 0 = every demonstration searches. docs/quickstart.md has the runs.
 DEMO_MIX="${DEMO_MIX:-0.7}"
+# torch threads of the SFT warm start: with 2 threads on a busy 2-core machine SFT slowed from
+# ~0.4 to 1.5-3.5 s per step (measured); one thread also makes the warm start the same whatever the
+# machine's core count (a sum's order depends on the threads). The documented seeds' warm starts
+# were made with one thread (docs/quickstart.md).
+PREPARE_THREADS="${PREPARE_THREADS:-1}"
 # verl's replay buffer polls for finished rollouts every 2 s, so a ~1 s rollout cost 4 s per step
 # and per validation; the quick start's sampler (sorl_verl/quickstart/sampler.py) is verl's own
 # with this poll interval. Empty: verl's built-in sampler (needed for DAPO's filter_groups).
 POLL_INTERVAL="${POLL_INTERVAL-0.1}"
-SAMPLER_OVERRIDES=()
-if [[ -n "$POLL_INTERVAL" ]]; then
-  SAMPLER_OVERRIDES=(
-    "trainer.v1.sampler.custom_sampler.path=pkg://sorl_verl.quickstart.sampler"
-    "trainer.v1.sampler.custom_sampler.name=QuickPollSampler"
-    "+trainer.v1.sampler.sampler_kwargs.poll_interval=$POLL_INTERVAL"
-  )
-fi
 # the in-process BM25 index of the task (the loop's `retriever` accepts an index folder)
 RETRIEVER_URL="$RUN_DIR/task/index"
 PROJECT="${PROJECT:-sorl-quickstart}"
@@ -116,47 +96,18 @@ PROJECT="${PROJECT:-sorl-quickstart}"
 # shellcheck source=../common.sh
 source "$REPO/examples/common.sh"
 
-# A launch killed with SIGKILL ran no exit trap: stop what it left and count its time first.
-if [[ -f "$RUN_DIR/launch.json" ]]; then
-  "$PYTHON" -m sorl_verl.quickstart cleanup "$RUN_DIR" >&2
-fi
-# Ray: a private temp dir (other Ray clusters may run on this machine); Ray picks free ports.
-# Every process of this launch inherits RAY_TMPDIR: that is how the cleanup finds them.
-unset RAY_ADDRESS
-RAY_TMPDIR="$(mktemp -d /tmp/ray_qs.XXXXXX)"
-export RAY_TMPDIR
-read -r -a LAUNCHER_STAT </proc/$$/stat # field 22: start time, so a recycled pid is not taken for this launcher
-printf '{"started_at": %s, "launcher_pid": %s, "launcher_start": %s, "ray_tmpdir": "%s"}\n' \
-  "$STARTED_AT" "$$" "${LAUNCHER_STAT[21]}" "$RAY_TMPDIR" >"$RUN_DIR/launch.json.tmp"
-mv "$RUN_DIR/launch.json.tmp" "$RUN_DIR/launch.json"
-on_exit() {
-  local rc=$?
-  trap - EXIT INT TERM HUP
-  "$PYTHON" -m sorl_verl.quickstart cleanup "$RUN_DIR" --from-launcher >/dev/null || rm -rf "$RAY_TMPDIR"
-  exit "$rc"
-}
-trap on_exit EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
-# Long steps run in the background, then `wait`: a trapped signal interrupts `wait` at once,
-# while bash would delay the trap until a foreground command ends by itself.
-interruptible() {
-  "$@" &
-  wait $!
-}
-
+sorl_qs_begin
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
-interruptible "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
+OMP_NUM_THREADS="$PREPARE_THREADS" sorl_qs_wait "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
   --guess-fraction "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
+sorl_qs_seed_overrides
+sorl_qs_sampler_overrides
 
 echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
-# the trainer pipeline, in the background for the same reason as `interruptible`
-set +e
-sorl_launch \
+sorl_qs_train_and_report sorl_launch \
   "data.train_files=$RUN_DIR/task/train.parquet" \
   "data.val_files=$RUN_DIR/task/val.parquet" \
   "actor_rollout_ref.rollout.agent.default_agent_loop=search_r1" \
@@ -167,23 +118,7 @@ sorl_launch \
   "algorithm.use_kl_in_reward=False" \
   "actor_rollout_ref.actor.entropy_coeff=0" \
   "trainer.resume_mode=auto" \
-  "data.seed=$SEED" \
-  "actor_rollout_ref.actor.data_loader_seed=$SEED" \
-  "actor_rollout_ref.actor.fsdp_config.seed=$SEED" \
-  "actor_rollout_ref.ref.fsdp_config.seed=$SEED" \
-  "actor_rollout_ref.rollout.seed=$SEED" \
-  "critic.data_loader_seed=$SEED" \
-  "critic.fsdp.seed=$SEED" \
   "trainer.log_val_generations=0" \
-  "${SAMPLER_OVERRIDES[@]}" \
-  -- "$@" 2>&1 | "$PYTHON" -m sorl_verl.quickstart progress "$RUN_DIR/train.log" --started-at "$STARTED_AT" &
-wait $!
-TRAIN_RC=$? # pipefail: the trainer's status unless it succeeded and the filter failed
-set -e
-
-echo "== [4/4] report" >&2
-"$PYTHON" -m sorl_verl.quickstart report "$RUN_DIR" --algo "$ALGO" --started-at "$STARTED_AT"
-if ((TRAIN_RC != 0)); then
-  echo "error: the trainer exited with status $TRAIN_RC; see $RUN_DIR/train.log" >&2
-  exit "$TRAIN_RC"
-fi
+  "${SORL_QS_SEED_OVERRIDES[@]}" \
+  "${SORL_QS_SAMPLER_OVERRIDES[@]}" \
+  -- "${SORL_QS_REST[@]}"
