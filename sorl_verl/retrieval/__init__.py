@@ -2,7 +2,7 @@
 
 Interface (what the agent loops and the quick start use)::
 
-    retriever = load_retriever("indexes/wiki_bm25")     # BM25 or dense, from the folder's meta.json
+    retriever = load_retriever("indexes/wiki_bm25")     # BM25, dense or pyserini, from the folder's meta.json
     retriever = embedded_index()                         # BM25 of the shipped Wikipedia corpus
     hits = retriever.search(["who painted la grande jatte"], topk=3)
     hits[0][0] == {"document": {"id": "2", "contents": '"Title"\\ntext'}, "score": 12.3}
@@ -88,6 +88,11 @@ def load_retriever(
         from sorl_verl.retrieval.bm25 import load_bm25
 
         return load_bm25(index_dir, meta)
+    if meta["method"] == "pyserini":
+        # needs pyserini and Java; PyseriniUnavailable (an ImportError) says what to install
+        from sorl_verl.retrieval.lucene import load_lucene
+
+        return load_lucene(index_dir, meta)
     from sorl_verl.retrieval.dense import load_dense
 
     return load_dense(index_dir, meta)

@@ -2,7 +2,7 @@
 
 An index folder holds::
 
-    meta.json          {"format": "sorl_verl.retrieval", "format_version": 1, "method": "bm25"|"dense",
+    meta.json          {"format": "sorl_verl.retrieval", "format_version": 1, "method": "bm25"|"dense"|"pyserini",
                         "num_docs": N, "corpus": <source path>, ...method options}
     docs.jsonl         one {"id", "contents"} per line, in index order (row i = index position i)
     docs.jsonl.offsets/  the byte span of each line of docs.jsonl (``artifacts.MmapCorpus``'s table:
@@ -29,6 +29,7 @@ META_NAME = "meta.json"
 DOCS_NAME = "docs.jsonl"
 FORMAT_NAME = "sorl_verl.retrieval"
 FORMAT_VERSION = 1
+METHODS = ("bm25", "dense", "pyserini")  # pyserini: sorl_verl.retrieval.lucene
 
 
 class IndexFormatError(ValueError):
@@ -53,8 +54,8 @@ def read_meta(index_dir: str | Path) -> dict:
             f"{meta_path}: format {meta.get('format')!r} version {meta.get('format_version')!r}, "
             f"expected {FORMAT_NAME!r} version {FORMAT_VERSION}; rebuild the index"
         )
-    if meta.get("method") not in ("bm25", "dense"):
-        raise IndexFormatError(f"{meta_path}: field 'method' must be 'bm25' or 'dense', got {meta.get('method')!r}")
+    if meta.get("method") not in METHODS:
+        raise IndexFormatError(f"{meta_path}: field 'method' must be one of {METHODS}, got {meta.get('method')!r}")
     return meta
 
 
