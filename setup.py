@@ -45,7 +45,7 @@ setup(
         # itself goes in with `pip install --no-deps pyserini==0.25.0` (its full requirements pull torch,
         # spaCy, nmslib, lightgbm, none of them used here), beside a Java 11+ runtime (0.25.0: Java 11-17;
         # pyserini >= 0.35 needs Java 21). See docs/retrieval.md, "Pyserini".
-        "pyserini": ["pyjnius>=1.6"],
+        "pyserini": ["pyjnius>=1.6", "pandas"],  # pandas: pyserini.index.lucene imports it (verl has it too)
         "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
     },
     entry_points={
