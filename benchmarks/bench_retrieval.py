@@ -73,7 +73,9 @@ def rank_bm25_queries_per_s(model: BM25Okapi, query_terms: list[list[str]]) -> f
 
 def compare_bm25(name: str, retriever, doc_texts: list[str], queries: list[str], rank_bm25_queries: int) -> None:
     """Both corpora here use row numbers as document ids, which the top-1 check relies on."""
-    print(f"\n-- BM25 throughput, {name}: {len(retriever):,} docs, {len(queries)} queries, batches of {BATCH}, top-{TOPK}")
+    print(
+        f"\n-- BM25 throughput, {name}: {len(retriever):,} docs, {len(queries)} queries, batches of {BATCH}, top-{TOPK}"
+    )
     ours = ours_queries_per_s(retriever, queries)
     print(f"   ours             : {ours:10.1f} queries/s  (BM25Retriever on bm25s arrays)")
     start = time.perf_counter()
@@ -115,8 +117,20 @@ def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(index_dir),
-                             "--port", str(port), "--log-level", "error"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sorl_verl.retrieval.server",
+            "--index",
+            str(index_dir),
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:
@@ -142,13 +156,15 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
         # aiohttp rather than httpx: the client shares the CPUs with the server, and httpx's
         # per-request cost would dominate the figure.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
+
             async def client(worker: int, count: int, record: bool):
                 for i in range(count):
                     query = questions[(worker * count + i) % len(questions)]
                     start = time.perf_counter()
                     try:
-                        async with session.post(url + "/retrieve", json={"queries": [query], "topk": TOPK,
-                                                                         "return_scores": True}) as reply:
+                        async with session.post(
+                            url + "/retrieve", json={"queries": [query], "topk": TOPK, "return_scores": True}
+                        ) as reply:
                             await reply.read()
                             if reply.status != 200:
                                 errors.append(f"HTTP {reply.status}")
@@ -166,9 +182,18 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
 
     latencies, errors, wall = asyncio.run(run())
     ms = np.array(latencies) * 1000 if latencies else np.array([float("nan")])
-    return {"clients": clients, "requests": len(latencies), "errors": len(errors), "wall": wall,
-            "rate": len(latencies) / wall, "p50": np.percentile(ms, 50), "p90": np.percentile(ms, 90),
-            "p99": np.percentile(ms, 99), "max": ms.max(), "error_kinds": sorted(set(errors))[:5]}
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "wall": wall,
+        "rate": len(latencies) / wall,
+        "p50": np.percentile(ms, 50),
+        "p90": np.percentile(ms, 90),
+        "p99": np.percentile(ms, 99),
+        "max": ms.max(),
+        "error_kinds": sorted(set(errors))[:5],
+    }
 
 
 def server_latency(index_dir: Path, load: int = 0) -> None:
@@ -188,16 +213,22 @@ def server_latency(index_dir: Path, load: int = 0) -> None:
         proc.terminate()
         proc.wait(timeout=60)
     print(f"\n-- Server latency, 10k corpus, single-query requests, top-{TOPK}, 127.0.0.1, server in its own process")
-    print(f"   {'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8}   target")
+    print(
+        f"   {'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
+        f"{'max ms':>8}   target"
+    )
     for run, target in zip(runs, ["p99 < 100 ms", "0 errors, p99 <= 400 ms"], strict=False):
-        print(f"   {run['clients']:>8} {run['requests']:>9} {run['errors']:>7} {run['rate']:>7.0f} {run['p50']:>8.1f} "
-              f"{run['p90']:>8.1f} {run['p99']:>8.1f} {run['max']:>8.1f}   {target}"
-              + (f"  errors: {run['error_kinds']}" if run["errors"] else ""))
+        print(
+            f"   {run['clients']:>8} {run['requests']:>9} {run['errors']:>7} {run['rate']:>7.0f} {run['p50']:>8.1f} "
+            f"{run['p90']:>8.1f} {run['p99']:>8.1f} {run['max']:>8.1f}   {target}"
+            + (f"  errors: {run['error_kinds']}" if run["errors"] else "")
+        )
     if server_cpu == server_cpu:
         total = runs[0]["requests"] + 2 * 32
-        print(f"   server CPU time {1000 * server_cpu / total:.2f} ms per request in the 32-client run "
-              f"(load average now {os.getloadavg()[0]:.1f})")
+        print(
+            f"   server CPU time {1000 * server_cpu / total:.2f} ms per request in the 32-client run "
+            f"(load average now {os.getloadavg()[0]:.1f})"
+        )
 
 
 def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1000) -> None:
@@ -243,9 +274,11 @@ def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1
         code = "none (killed after 40 s)"
         proc.kill()
     print(f"\n-- SIGTERM under load: {clients} clients, signal after {before_signal} answers")
-    print(f"   answers {len(statuses)} (200: {statuses.count(200)}, 503: {statuses.count(503)}), "
-          f"transport errors {len(failures)} {sorted(set(failures))}, exit code {code}, "
-          f"exited {time.monotonic() - signalled:.1f} s after the signal   (target: 0 errors, exit 0)")
+    print(
+        f"   answers {len(statuses)} (200: {statuses.count(200)}, 503: {statuses.count(503)}), "
+        f"transport errors {len(failures)} {sorted(set(failures))}, exit code {code}, "
+        f"exited {time.monotonic() - signalled:.1f} s after the signal   (target: 0 errors, exit 0)"
+    )
 
 
 def synthetic_texts(passages: int, words_per_passage: int = 100, seed: int = 0) -> Iterator[str]:
@@ -278,13 +311,27 @@ def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, se
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--synthetic", type=int, default=0, metavar="N",
-                        help="also benchmark a synthetic corpus of N passages (the issue's figure: 1000000)")
-    parser.add_argument("--rank-bm25-queries", type=int, default=16,
-                        help="queries timed for rank_bm25 on the synthetic corpus (it is slow there)")
+    parser.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also benchmark a synthetic corpus of N passages (the issue's figure: 1000000)",
+    )
+    parser.add_argument(
+        "--rank-bm25-queries",
+        type=int,
+        default=16,
+        help="queries timed for rank_bm25 on the synthetic corpus (it is slow there)",
+    )
     parser.add_argument("--no-server", action="store_true")
-    parser.add_argument("--load", type=int, default=0, metavar="N",
-                        help="also run N concurrent clients against the server (the issue's figure: 1000)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N concurrent clients against the server (the issue's figure: 1000)",
+    )
     parser.add_argument("--server-only", action="store_true", help="only the server sections")
     parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")
     args = parser.parse_args()

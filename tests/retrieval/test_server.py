@@ -35,8 +35,10 @@ def test_retrieve_with_scores(live_server, small_docs):
 
 
 def test_retrieve_documents_only_and_default_topk(live_server):
-    for body in ({"queries": ["capital city river France"]}, {"queries": ["capital city river France"], "topk": None,
-                                                              "return_scores": False}):
+    for body in (
+        {"queries": ["capital city river France"]},
+        {"queries": ["capital city river France"], "topk": None, "return_scores": False},
+    ):
         result = post(live_server, body).json()["result"]
         assert len(result) == 1 and len(result[0]) == 2  # the server's default topk
         assert all(set(doc) == {"id", "contents"} for doc in result[0])
@@ -65,7 +67,9 @@ def test_retrieve_documents_only_and_default_topk(live_server):
     ],
 )
 def test_bad_input_gets_clear_4xx_and_server_survives(live_server, body, status, message):
-    reply = httpx.post(live_server.url + "/retrieve", content=body, headers={"content-type": "application/json"}, timeout=10)
+    reply = httpx.post(
+        live_server.url + "/retrieve", content=body, headers={"content-type": "application/json"}, timeout=10
+    )
     assert reply.status_code == status
     assert message in reply.json()["detail"]
     assert post(live_server, {"queries": ["snake"], "topk": 1}).json()["result"][0][0]["id"] == "cobra"
@@ -76,14 +80,20 @@ def test_body_cap_without_content_length(live_server):
         for _ in range(10):
             yield b" " * 1000
 
-    reply = httpx.post(live_server.url + "/retrieve", content=chunks(), headers={"content-type": "application/json"},
-                       timeout=10)
+    reply = httpx.post(
+        live_server.url + "/retrieve", content=chunks(), headers={"content-type": "application/json"}, timeout=10
+    )
     assert reply.status_code == 413
 
 
 def test_concurrent_clients_get_their_own_results(live_server):
-    cases = [("capital of Germany", "berlin"), ("venomous snake", "cobra"), ("programming language", "python"),
-             ("fifth planet", "jupiter"), ("river northern France", "seine")]
+    cases = [
+        ("capital of Germany", "berlin"),
+        ("venomous snake", "cobra"),
+        ("programming language", "python"),
+        ("fifth planet", "jupiter"),
+        ("river northern France", "seine"),
+    ]
 
     async def client(session, i):
         query, want = cases[i % len(cases)]
@@ -115,7 +125,9 @@ def test_micro_batcher_merges_waiting_requests_and_cuts_topk():
     results, batch_sizes = asyncio.run(run())
     for i, result in enumerate(results):
         assert [[hit["document"]["id"] for hit in hits] for hits in result] == [
-            [f"q{i}-{r}" for r in range(1 + i % 2)], [f"r{i}-{r}" for r in range(1 + i % 2)]]
+            [f"q{i}-{r}" for r in range(1 + i % 2)],
+            [f"r{i}-{r}" for r in range(1 + i % 2)],
+        ]
     assert sum(batch_sizes) == 12 and max(batch_sizes) <= 5 and len(batch_sizes) < 6
 
 
@@ -151,8 +163,12 @@ def test_server_cli_serves_an_index(small_corpus, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(index), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(index), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
@@ -163,7 +179,9 @@ def test_server_cli_serves_an_index(small_corpus, tmp_path):
             except httpx.TransportError:
                 assert proc.poll() is None, proc.stdout.read()
                 time.sleep(0.2)
-        reply = httpx.post(url + "/retrieve", json={"queries": ["capital of Germany"], "topk": 1, "return_scores": True})
+        reply = httpx.post(
+            url + "/retrieve", json={"queries": ["capital of Germany"], "topk": 1, "return_scores": True}
+        )
         assert reply.json()["result"][0][0]["document"]["id"] == "berlin"
     finally:
         proc.terminate()
@@ -171,6 +189,10 @@ def test_server_cli_serves_an_index(small_corpus, tmp_path):
 
 
 def test_server_cli_reports_missing_index(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "meta.json is missing" in proc.stderr

@@ -22,15 +22,24 @@ from sorl_verl.retrieval.server import create_app, main
 
 @pytest.fixture(scope="module")
 def hard_server(small_bm25, live_server_class):
-    app = create_app(small_bm25, default_topk=2, max_topk=5, max_batch=8, max_body_bytes=1 << 16,
-                     max_query_chars=100, max_request_chars=300, read_timeout_s=0.5)
+    app = create_app(
+        small_bm25,
+        default_topk=2,
+        max_topk=5,
+        max_batch=8,
+        max_body_bytes=1 << 16,
+        max_query_chars=100,
+        max_request_chars=300,
+        read_timeout_s=0.5,
+    )
     with live_server_class(app) as server:
         yield server
 
 
 def post_raw(server, body: bytes, client=None):
-    return (client or httpx).post(server.url + "/retrieve", content=body,
-                                  headers={"content-type": "application/json"}, timeout=10)
+    return (client or httpx).post(
+        server.url + "/retrieve", content=body, headers={"content-type": "application/json"}, timeout=10
+    )
 
 
 def healthy(server) -> bool:
@@ -38,17 +47,20 @@ def healthy(server) -> bool:
     return reply.status_code == 200 and reply.json()["result"][0][0]["id"] == "cobra"
 
 
-@pytest.mark.parametrize("body, status, message", [
-    (b"[" * 3000 + b"]" * 3000, 400, "nested too deeply"),
-    (b'{"queries": ' + b"[" * 3000 + b"]" * 3000 + b"}", 400, "nested too deeply"),
-    (b'{"queries": ["a"], "topk": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),
-    (b'{"queries": ["\xff\xfe"]}', 400, "not valid JSON"),
-    (b'{"queries": ["\\ud800"]}', 422, "lone surrogate"),
-    (json.dumps({"queries": ["x" * 101]}).encode(), 422, "queries[0] has 101 characters; the cap is 100"),
-    (json.dumps({"queries": ["x" * 100] * 4}).encode(), 422, "400 query characters in one request; the cap is 300"),
-    (b'{"queries": ["a"], "topk": 1e400}', 422, "'topk' must be an integer"),
-    (b'{"queries": ["a"], "topk": NaN}', 422, "'topk' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        (b"[" * 3000 + b"]" * 3000, 400, "nested too deeply"),
+        (b'{"queries": ' + b"[" * 3000 + b"]" * 3000 + b"}", 400, "nested too deeply"),
+        (b'{"queries": ["a"], "topk": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),
+        (b'{"queries": ["\xff\xfe"]}', 400, "not valid JSON"),
+        (b'{"queries": ["\\ud800"]}', 422, "lone surrogate"),
+        (json.dumps({"queries": ["x" * 101]}).encode(), 422, "queries[0] has 101 characters; the cap is 100"),
+        (json.dumps({"queries": ["x" * 100] * 4}).encode(), 422, "400 query characters in one request; the cap is 300"),
+        (b'{"queries": ["a"], "topk": 1e400}', 422, "'topk' must be an integer"),
+        (b'{"queries": ["a"], "topk": NaN}', 422, "'topk' must be an integer"),
+    ],
+)
 def test_malformed_bodies_are_4xx(hard_server, body, status, message):
     reply = post_raw(hard_server, body)
     assert reply.status_code == status, reply.text
@@ -73,7 +85,9 @@ bodies = (
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(body=bodies)
 def test_fuzzed_bodies_never_get_a_5xx(hard_server, body):
     reply = post_raw(hard_server, body)
@@ -106,15 +120,18 @@ def test_short_body_times_out_with_408(hard_server):
     assert healthy(hard_server)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--embedded", "--port", "99999"], "between 1 and 65535"),
-    (["--embedded", "--max-batch", "0"], "must be >= 1"),
-    (["--embedded", "--max-body-bytes", "-1"], "must be >= 1"),
-    (["--embedded", "--topk", "0"], "must be >= 1"),
-    (["--embedded", "--topk", "7", "--max-topk", "5"], "--topk 7 exceeds --max-topk 5"),
-    (["--embedded", "--read-timeout-s", "0"], "finite number > 0"),
-    (["--embedded", "--grace-s", "nan"], "finite number"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--embedded", "--port", "99999"], "between 1 and 65535"),
+        (["--embedded", "--max-batch", "0"], "must be >= 1"),
+        (["--embedded", "--max-body-bytes", "-1"], "must be >= 1"),
+        (["--embedded", "--topk", "0"], "must be >= 1"),
+        (["--embedded", "--topk", "7", "--max-topk", "5"], "--topk 7 exceeds --max-topk 5"),
+        (["--embedded", "--read-timeout-s", "0"], "finite number > 0"),
+        (["--embedded", "--grace-s", "nan"], "finite number"),
+    ],
+)
 def test_cli_values_are_validated_by_argparse(argv, message, capsys):
     with pytest.raises(SystemExit) as caught:
         main(argv)
@@ -142,9 +159,24 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_
     index = build_index(small_corpus, tmp_path / "idx", show_progress=False)
     port = free_port()
     log_file = open(tmp_path / "server.log", "w+")  # a file, not a pipe: a full pipe would block the server
-    proc = subprocess.Popen([sys.executable, "-m", "sorl_verl.retrieval.server", "--index", str(index), "--port",
-                             str(port), "--grace-s", "20", "--log-level", "warning"],
-                            stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sorl_verl.retrieval.server",
+            "--index",
+            str(index),
+            "--port",
+            str(port),
+            "--grace-s",
+            "20",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -157,7 +189,7 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_
             assert proc.poll() is None and time.time() < deadline, "server did not start"
             time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", port)) as sock:  # disconnect mid-body
-            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"que")
+            sock.sendall(b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"que')
 
         statuses: list[int] = []
         failures: list[str] = []
@@ -202,12 +234,15 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_
     assert statuses.count(200) >= BEFORE_SIGNAL and set(statuses) <= {200, 503}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--embedded", "idx", "--k1", "-1"], "finite number >= 0"),
-    (["--embedded", "idx", "--b", "2"], "finite number >= 0 and <= 1"),
-    (["--embedded", "idx", "--method", "dense", "--batch-size", "0"], "must be >= 1"),
-    (["--embedded", "idx", "--hnsw-m", "x"], "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--embedded", "idx", "--k1", "-1"], "finite number >= 0"),
+        (["--embedded", "idx", "--b", "2"], "finite number >= 0 and <= 1"),
+        (["--embedded", "idx", "--method", "dense", "--batch-size", "0"], "must be >= 1"),
+        (["--embedded", "idx", "--hnsw-m", "x"], "expected an integer"),
+    ],
+)
 def test_index_cli_values_are_validated_by_argparse(argv, message, capsys, tmp_path):
     from sorl_verl.retrieval.build import main as build_main
 
