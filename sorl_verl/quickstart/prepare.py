@@ -240,7 +240,7 @@ def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: Prep
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sorl_verl.quickstart.sft import teacher_forced_exact, tokenize_trajectory
+    from sorl_verl.quickstart.sft import pad_token_id, teacher_forced_exact, tokenize_trajectory
 
     facts = facts[:COPY_CHECK_FACTS]
     if not facts:
@@ -252,8 +252,8 @@ def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: Prep
         tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
         for f, demo in zip(facts, segments, strict=True)
     ]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return teacher_forced_exact(model, examples, pad_id, ignore_targets=[tokenizer.convert_tokens_to_ids("<search>")])
+    search_tag = tokenizer.convert_tokens_to_ids("<search>")
+    return teacher_forced_exact(model, examples, pad_token_id(tokenizer), ignore_targets=[search_tag])
 
 
 class PrepareMismatch(ValueError):

@@ -58,6 +58,11 @@ def tokenize_trajectory(
     return SFTExample(input_ids=ids, loss_mask=mask)
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its end-of-sequence token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad to the longest example. Returns ``input_ids``, ``attention_mask``, ``loss_mask``, each ``(batch, seq_len)``."""
     seq_len = max(len(e.input_ids) for e in examples)
@@ -152,7 +157,7 @@ def train_sft(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     generator = torch.Generator().manual_seed(seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     losses: list[float] = []
     bar = tqdm(range(steps), desc="sft warm start", disable=not show_progress)
     for _ in bar:
