@@ -44,12 +44,7 @@ import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
 
 from sorl_verl.retrieval import _cli
 
@@ -66,6 +61,16 @@ DEFAULT_GRACE_S = 30.0
 # A drain lasts at least this long, and ends only after this long without a new request, so that
 # connections already queued in the kernel are accepted and answered (503) rather than reset.
 LINGER_S = 0.5
+
+
+class HTTPError(Exception):
+    """An answer other than 200: ``status`` with ``{"detail": detail}`` and extra ``headers``."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
 
 
 @dataclass
@@ -87,7 +92,7 @@ class MicroBatcher:
         self.batch_sizes: deque[int] = deque(maxlen=10_000)  # queries per recent search call, for tests and stats
 
     async def search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        """Search results for ``queries``; raises ``HTTPException(500)`` if the retriever fails."""
+        """Search results for ``queries``; raises ``HTTPError(500)`` if the retriever fails."""
         # (Re)start the worker in the running loop: test clients may run each request in a new loop.
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not asyncio.get_running_loop():
             self._queue = asyncio.Queue()
@@ -118,7 +123,7 @@ class MicroBatcher:
                 if len(results) != len(queries):
                     raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
             except Exception as e:  # reported to every caller of this batch; the worker lives on
-                error = HTTPException(500, f"retrieval failed: {type(e).__name__}: {e}")
+                error = HTTPError(500, f"retrieval failed: {type(e).__name__}: {e}")
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(error)
@@ -167,45 +172,45 @@ def _parse_request(body: bytes, limits: Limits) -> tuple[list[str], int, bool]:
     try:
         payload = json.loads(body)
     except RecursionError:
-        raise HTTPException(400, "request body is not valid JSON: nested too deeply") from None
+        raise HTTPError(400, "request body is not valid JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
-        raise HTTPException(400, f"request body is not valid JSON: {str(e)[:200]}") from None
+        raise HTTPError(400, f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(payload, dict):
-        raise HTTPException(422, f"request body must be a JSON object, got {type(payload).__name__}")
+        raise HTTPError(422, f"request body must be a JSON object, got {type(payload).__name__}")
     if "queries" not in payload:
-        raise HTTPException(422, "field 'queries' is required (a list of strings)")
+        raise HTTPError(422, "field 'queries' is required (a list of strings)")
     queries = payload["queries"]
     if not isinstance(queries, list):
-        raise HTTPException(422, f"field 'queries' must be a list of strings, got {type(queries).__name__}")
+        raise HTTPError(422, f"field 'queries' must be a list of strings, got {type(queries).__name__}")
     if len(queries) > limits.max_batch:
-        raise HTTPException(422, f"{len(queries)} queries in one request; the cap is {limits.max_batch} (max_batch)")
+        raise HTTPError(422, f"{len(queries)} queries in one request; the cap is {limits.max_batch} (max_batch)")
     total = 0
     for i, query in enumerate(queries):
         if not isinstance(query, str):
-            raise HTTPException(422, f"queries[{i}] must be a string, got {type(query).__name__}")
+            raise HTTPError(422, f"queries[{i}] must be a string, got {type(query).__name__}")
         if len(query) > limits.max_query_chars:
-            raise HTTPException(
+            raise HTTPError(
                 422, f"queries[{i}] has {len(query)} characters; the cap is {limits.max_query_chars} (max_query_chars)"
             )
         try:
             query.encode("utf-8")
         except UnicodeEncodeError:
-            raise HTTPException(422, f"queries[{i}] is not valid Unicode (a lone surrogate)") from None
+            raise HTTPError(422, f"queries[{i}] is not valid Unicode (a lone surrogate)") from None
         total += len(query)
     if total > limits.max_request_chars:
-        raise HTTPException(
+        raise HTTPError(
             422, f"{total} query characters in one request; the cap is {limits.max_request_chars} (max_request_chars)"
         )
     topk = payload.get("topk")
     if topk is None:
         topk = limits.default_topk
     elif isinstance(topk, bool) or not isinstance(topk, int):
-        raise HTTPException(422, f"field 'topk' must be an integer or null, got {type(topk).__name__}")
+        raise HTTPError(422, f"field 'topk' must be an integer or null, got {type(topk).__name__}")
     elif not 1 <= topk <= limits.max_topk:
-        raise HTTPException(422, f"field 'topk' must be between 1 and {limits.max_topk}, got {topk}")
+        raise HTTPError(422, f"field 'topk' must be between 1 and {limits.max_topk}, got {topk}")
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
-        raise HTTPException(422, f"field 'return_scores' must be true or false, got {type(return_scores).__name__}")
+        raise HTTPError(422, f"field 'return_scores' must be true or false, got {type(return_scores).__name__}")
     return queries, topk, return_scores
 
 
@@ -213,26 +218,57 @@ class _ClientGone(Exception):
     """The client closed the connection before its request body arrived."""
 
 
-async def _read_body(request: Request, limits: Limits) -> bytes:
-    declared = request.headers.get("content-length")
+def _header(scope: dict, name: bytes) -> bytes | None:
+    """The value of request header ``name`` (lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+async def _read_body(scope: dict, receive, limits: Limits) -> bytes:
+    """The request body from ASGI ``receive`` messages, within the size cap and the read timeout."""
+    declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > limits.max_body_bytes):
-        raise HTTPException(413, f"request body of {declared[:20]} bytes exceeds the cap of {limits.max_body_bytes} bytes",
-                            headers={"Connection": "close"})
+        raise HTTPError(
+            413,
+            f"request body of {declared[:20].decode()} bytes exceeds the cap of {limits.max_body_bytes} bytes",
+            headers={"Connection": "close"},
+        )
     chunks, size = [], 0
     try:
         async with asyncio.timeout(limits.read_timeout_s):
-            async for chunk in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limits.max_body_bytes:
-                    raise HTTPException(413, f"request body exceeds the cap of {limits.max_body_bytes} bytes",
-                                        headers={"Connection": "close"})
+                    raise HTTPError(
+                        413,
+                        f"request body exceeds the cap of {limits.max_body_bytes} bytes",
+                        headers={"Connection": "close"},
+                    )
                 chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError:
-        raise HTTPException(408, f"request body not received within {limits.read_timeout_s:g} s (read_timeout_s)",
-                            headers={"Connection": "close"}) from None
-    except ClientDisconnect:
-        raise _ClientGone from None
+        raise HTTPError(
+            408,
+            f"request body not received within {limits.read_timeout_s:g} s (read_timeout_s)",
+            headers={"Connection": "close"},
+        ) from None
     return b"".join(chunks)
+
+
+async def _send_json(send, status: int, payload, headers: dict[str, str]) -> None:
+    """One whole ASGI answer: ``payload`` as UTF-8 JSON, with a Content-Length."""
+    body = json.dumps(payload, ensure_ascii=False).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 @dataclass
@@ -246,6 +282,87 @@ class Lifecycle:
     refused_while_draining: int = 0
 
 
+class RetrievalApp:
+    """The ASGI app: ``POST /retrieve`` and ``GET /health`` (module docstring), nothing else (404/405).
+
+    A plain ASGI callable rather than a web framework: the request path is the server's CPU cost per
+    request, and a framework's routing, request objects and middleware cost more than the search.
+    """
+
+    def __init__(self, retriever, limits: Limits):
+        self.retriever = retriever
+        self.limits = limits
+        self.batcher = MicroBatcher(retriever.search, limits.max_batch)
+        self.lifecycle = Lifecycle()
+        self._routes = {"/retrieve": (("POST",), self._retrieve), "/health": (("GET", "HEAD"), self._health)}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets: uvicorn refuses the handshake
+        headers = {}
+        try:
+            methods, handler = self._routes.get(scope["path"], ((), None))
+            if handler is None:
+                raise HTTPError(404, "Not Found")
+            if scope["method"] not in methods:
+                raise HTTPError(405, "Method Not Allowed", {"Allow": ", ".join(methods)})
+            status, payload, headers = await handler(scope, receive)
+        except HTTPError as e:
+            status, payload, headers = e.status, {"detail": e.detail}, e.headers
+        except _ClientGone:
+            return  # nobody to answer; uvicorn logs nothing for a disconnected client
+        await _send_json(send, status, payload, headers)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.batcher.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _health(self, scope, receive) -> tuple[int, dict, dict]:
+        if self.lifecycle.draining:
+            return 503, {"status": "draining"}, {"Connection": "close"}
+        retriever, limits = self.retriever, self.limits
+        return (
+            200,
+            {
+                "status": "ok",
+                "method": getattr(retriever, "method", type(retriever).__name__),
+                "num_docs": len(retriever) if hasattr(retriever, "__len__") else None,
+                "default_topk": limits.default_topk,
+                "max_topk": limits.max_topk,
+                "max_batch": limits.max_batch,
+            },
+            {},
+        )
+
+    async def _retrieve(self, scope, receive) -> tuple[int, dict, dict]:
+        lifecycle = self.lifecycle
+        lifecycle.last_arrival = time.monotonic()
+        if lifecycle.draining:
+            lifecycle.refused_while_draining += 1
+            raise HTTPError(
+                503, "the retrieval server is shutting down; retry later", {"Retry-After": "1", "Connection": "close"}
+            )
+        body = await _read_body(scope, receive, self.limits)
+        queries, topk, return_scores = _parse_request(body, self.limits)
+        results = await self.batcher.search(queries, topk) if queries else []
+        if not return_scores:
+            results = [[hit["document"] for hit in hits] for hits in results]
+        headers = {}
+        if lifecycle.draining:  # received before the drain began: answered, then the connection closes
+            lifecycle.answered_while_draining += 1
+            headers = {"Connection": "close"}
+        return 200, {"result": results}, headers
+
+
 def create_app(
     retriever,
     default_topk: int = DEFAULT_TOPK,
@@ -255,60 +372,12 @@ def create_app(
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS,
     max_request_chars: int = DEFAULT_MAX_REQUEST_CHARS,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
-) -> FastAPI:
-    """FastAPI app serving ``retriever`` (anything with ``search(queries, topk)``)."""
-    limits = Limits(default_topk, max_topk, max_batch, max_body_bytes, max_query_chars, max_request_chars,
-                    read_timeout_s)
-    batcher = MicroBatcher(retriever.search, max_batch)
-    lifecycle = Lifecycle()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
-        await batcher.close()
-
-    app = FastAPI(title="sorl-verl retriever", lifespan=lifespan)
-    app.state.batcher = batcher
-    app.state.lifecycle = lifecycle
-    app.state.limits = limits
-
-    @app.get("/health")
-    async def health():
-        if lifecycle.draining:
-            return JSONResponse({"status": "draining"}, status_code=503, headers={"Connection": "close"})
-        return {
-            "status": "ok",
-            "method": getattr(retriever, "method", type(retriever).__name__),
-            "num_docs": len(retriever) if hasattr(retriever, "__len__") else None,
-            "default_topk": default_topk,
-            "max_topk": max_topk,
-            "max_batch": max_batch,
-        }
-
-    @app.post("/retrieve")
-    async def retrieve(request: Request):
-        lifecycle.last_arrival = time.monotonic()
-        if lifecycle.draining:
-            lifecycle.refused_while_draining += 1
-            return JSONResponse({"detail": "the retrieval server is shutting down; retry later"}, status_code=503,
-                                headers={"Retry-After": "1", "Connection": "close"})
-        try:
-            body = await _read_body(request, limits)
-        except _ClientGone:
-            return Response(status_code=400)  # nobody reads it; returning keeps the log free of tracebacks
-        queries, topk, return_scores = _parse_request(body, limits)
-        results = await batcher.search(queries, topk) if queries else []
-        if not return_scores:
-            results = [[hit["document"] for hit in hits] for hits in results]
-        headers = None
-        if lifecycle.draining:  # received before the drain began: answered, then the connection closes
-            lifecycle.answered_while_draining += 1
-            headers = {"Connection": "close"}
-        # Serialised here: FastAPI's generic encoder walks every hit and costs more than the search.
-        return Response(json.dumps({"result": results}, ensure_ascii=False), media_type="application/json",
-                        headers=headers)
-
-    return app
+) -> RetrievalApp:
+    """ASGI app serving ``retriever`` (anything with ``search(queries, topk)``)."""
+    limits = Limits(
+        default_topk, max_topk, max_batch, max_body_bytes, max_query_chars, max_request_chars, read_timeout_s
+    )
+    return RetrievalApp(retriever, limits)
 
 
 def _draining_server_class():
@@ -320,7 +389,7 @@ def _draining_server_class():
         def __init__(self, config, grace_s: float):
             super().__init__(config)
             self.grace_s = grace_s
-            self.lifecycle: Lifecycle = config.app.state.lifecycle
+            self.lifecycle: Lifecycle = config.app.lifecycle
 
         def handle_exit(self, sig, frame) -> None:
             if self.lifecycle.draining:  # a second signal: uvicorn's own (immediate) shutdown
@@ -345,11 +414,26 @@ def _draining_server_class():
     return DrainingServer
 
 
-def serve(app: FastAPI, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning") -> None:
-    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done."""
+def serve(
+    app: RetrievalApp, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning"
+) -> None:
+    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done.
+
+    uvicorn picks uvloop and httptools when installed (setup.py asks for both). Its access log is on
+    only at ``info`` and below, and X-Forwarded-For is not read: both cost time on every request.
+    """
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        access_log=log_level in ("info", "debug", "trace"),
+        proxy_headers=False,
+    )
     server = _draining_server_class()(config, grace_s)
     # uvicorn re-raises the signals it handled once it has shut down; the drain consumes the first
     # one, so the process then returns normally (exit 0) instead of dying of the signal.
@@ -361,37 +445,78 @@ def serve(app: FastAPI, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sorl-retriever", description="Serve a retrieval index over HTTP (Search-R1 API).")
+    parser = argparse.ArgumentParser(
+        prog="sorl-retriever", description="Serve a retrieval index over HTTP (Search-R1 API)."
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--index", help="index folder built by sorl-index")
     source.add_argument("--embedded", action="store_true", help="serve the BM25 index of the shipped Wikipedia corpus")
-    source.add_argument("--faiss-index", help="a FAISS index file as Search-R1 publishes it (e5_Flat.index), served as "
-                        "it is; needs --corpus and --encoder (sorl_verl.retrieval.artifacts)")
+    source.add_argument(
+        "--faiss-index",
+        help="a FAISS index file as Search-R1 publishes it (e5_Flat.index), served as "
+        "it is; needs --corpus and --encoder (sorl_verl.retrieval.artifacts)",
+    )
     artifacts = parser.add_argument_group("Search-R1 artifacts (with --faiss-index)")
-    artifacts.add_argument("--corpus", help="corpus JSONL whose row i is FAISS id i (wiki-18.jsonl); memory-mapped, "
-                           "with an offset table built once beside it")
-    artifacts.add_argument("--encoder", help="the encoder the index was built with: HF model name or folder "
-                           "(intfloat/e5-base-v2; e5 names get query: prefixes), bundled-minilm, or hashing:DIM")
-    artifacts.add_argument("--faiss-gpu", choices=("auto", "yes", "no"), default="auto",
-                           help="search on the GPUs (fp16, sharded): auto = when faiss has GPUs")
-    parser.add_argument("--search-threads", type=_cli.POSITIVE_INT, default=None,
-                        help="BM25: threads one batch of queries is split over (default: the CPUs this process may "
-                        "use; each keeps a float32 buffer of 4 bytes per document)")
+    artifacts.add_argument(
+        "--corpus",
+        help="corpus JSONL whose row i is FAISS id i (wiki-18.jsonl); memory-mapped, "
+        "with an offset table built once beside it",
+    )
+    artifacts.add_argument(
+        "--encoder",
+        help="the encoder the index was built with: HF model name or folder "
+        "(intfloat/e5-base-v2; e5 names get query: prefixes), bundled-minilm, or hashing:DIM",
+    )
+    artifacts.add_argument(
+        "--faiss-gpu",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="search on the GPUs (fp16, sharded): auto = when faiss has GPUs",
+    )
+    parser.add_argument(
+        "--search-threads",
+        type=_cli.POSITIVE_INT,
+        default=None,
+        help="BM25: threads one batch of queries is split over (default: the CPUs this process may "
+        "use; each keeps a float32 buffer of 4 bytes per document)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=_cli.PORT, default=8000, help="1..65535 (default 8000)")
-    parser.add_argument("--topk", type=_cli.POSITIVE_INT, default=DEFAULT_TOPK, help="topk when a request leaves it null")
+    parser.add_argument(
+        "--topk", type=_cli.POSITIVE_INT, default=DEFAULT_TOPK, help="topk when a request leaves it null"
+    )
     parser.add_argument("--max-topk", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_TOPK)
-    parser.add_argument("--max-batch", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_BATCH, help="most queries in one request")
+    parser.add_argument(
+        "--max-batch", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_BATCH, help="most queries in one request"
+    )
     parser.add_argument("--max-body-bytes", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--max-query-chars", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_QUERY_CHARS,
-                        help="longest query, in characters (422 beyond)")
-    parser.add_argument("--max-request-chars", type=_cli.POSITIVE_INT, default=DEFAULT_MAX_REQUEST_CHARS,
-                        help="most query characters in one request (422 beyond): bounds one request's cost")
-    parser.add_argument("--read-timeout-s", type=_cli.float_in(0, low_open=True), default=DEFAULT_READ_TIMEOUT_S,
-                        help="seconds to receive a request body (408 beyond)")
-    parser.add_argument("--grace-s", type=_cli.float_in(0), default=DEFAULT_GRACE_S,
-                        help="longest drain after SIGTERM/SIGINT before exiting anyway")
-    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace"))
+    parser.add_argument(
+        "--max-query-chars",
+        type=_cli.POSITIVE_INT,
+        default=DEFAULT_MAX_QUERY_CHARS,
+        help="longest query, in characters (422 beyond)",
+    )
+    parser.add_argument(
+        "--max-request-chars",
+        type=_cli.POSITIVE_INT,
+        default=DEFAULT_MAX_REQUEST_CHARS,
+        help="most query characters in one request (422 beyond): bounds one request's cost",
+    )
+    parser.add_argument(
+        "--read-timeout-s",
+        type=_cli.float_in(0, low_open=True),
+        default=DEFAULT_READ_TIMEOUT_S,
+        help="seconds to receive a request body (408 beyond)",
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=_cli.float_in(0),
+        default=DEFAULT_GRACE_S,
+        help="longest drain after SIGTERM/SIGINT before exiting anyway",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace")
+    )
     return parser
 
 
@@ -410,8 +535,12 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if args.faiss_index is not None:
-            retriever = load_retriever(faiss_index=args.faiss_index, corpus=args.corpus, encoder=args.encoder,
-                                       faiss_gpu={"auto": None, "yes": True, "no": False}[args.faiss_gpu])
+            retriever = load_retriever(
+                faiss_index=args.faiss_index,
+                corpus=args.corpus,
+                encoder=args.encoder,
+                faiss_gpu={"auto": None, "yes": True, "no": False}[args.faiss_gpu],
+            )
         else:
             retriever = embedded_index() if args.embedded else load_retriever(args.index)
     except (OSError, ValueError, ImportError, RuntimeError) as e:  # OSError: a missing file or encoder model
@@ -419,11 +548,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if args.search_threads is not None and hasattr(retriever, "set_search_threads"):
         retriever.set_search_threads(args.search_threads)
-    app = create_app(retriever, default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch,
-                     max_body_bytes=args.max_body_bytes, max_query_chars=args.max_query_chars,
-                     max_request_chars=args.max_request_chars, read_timeout_s=args.read_timeout_s)
-    print(f"sorl-retriever: {getattr(retriever, 'method', '?')} index, serving http://{args.host}:{args.port}/retrieve",
-          flush=True)
+    app = create_app(
+        retriever,
+        default_topk=args.topk,
+        max_topk=args.max_topk,
+        max_batch=args.max_batch,
+        max_body_bytes=args.max_body_bytes,
+        max_query_chars=args.max_query_chars,
+        max_request_chars=args.max_request_chars,
+        read_timeout_s=args.read_timeout_s,
+    )
+    print(
+        f"sorl-retriever: {getattr(retriever, 'method', '?')} index, serving http://{args.host}:{args.port}/retrieve",
+        flush=True,
+    )
     try:
         serve(app, args.host, args.port, grace_s=args.grace_s, log_level=args.log_level)
     except KeyboardInterrupt:  # a second Ctrl-C during the drain

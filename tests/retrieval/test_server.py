@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -86,6 +87,50 @@ def test_body_cap_without_content_length(live_server):
     assert reply.status_code == 413
 
 
+def test_unknown_routes_and_methods_get_json_404_and_405(live_server):
+    missing = httpx.get(live_server.url + "/search", timeout=10)
+    assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
+    wrong = httpx.get(live_server.url + "/retrieve", timeout=10)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST" and wrong.json()["detail"]
+    assert httpx.post(live_server.url + "/health", timeout=10).status_code == 405
+    head = httpx.head(live_server.url + "/health", timeout=10)
+    assert head.status_code == 200 and head.content == b""
+
+
+def read_reply(sock) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP/1.1 reply with a Content-Length from ``sock``: (status line, headers, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return status, headers, body
+
+
+def test_keep_alive_answers_many_requests_on_one_connection(live_server):
+    """Three requests on one socket, each answered whole (Content-Length, JSON); then a 413 closes it."""
+    port = int(live_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for query, want in [("venomous snake", "cobra"), ("capital of Germany", "berlin"), ("fifth planet", "jupiter")]:
+            body = json.dumps({"queries": [query], "topk": 1}).encode()
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            status, headers, reply = read_reply(sock)
+            assert status == "HTTP/1.1 200 OK" and headers["content-type"] == "application/json"
+            assert "connection" not in headers
+            hits = json.loads(reply)["result"]
+            assert [[hit["id"] for hit in row] for row in hits] == [[want]] and set(hits[0][0]) == {"id", "contents"}
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
+        status, headers, reply = read_reply(sock)
+        assert status.startswith("HTTP/1.1 413") and headers["connection"] == "close"
+        assert "exceeds the cap" in json.loads(reply)["detail"]
+        assert sock.recv(1) == b""  # closed by the server
+
+
 def test_concurrent_clients_get_their_own_results(live_server):
     cases = [
         ("capital of Germany", "berlin"),
@@ -158,8 +203,6 @@ def test_server_cli_serves_an_index(small_corpus, tmp_path):
     from sorl_verl.retrieval import build_index
 
     index = build_index(small_corpus, tmp_path / "idx", show_progress=False)
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
