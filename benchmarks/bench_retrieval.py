@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import re
@@ -42,6 +43,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import numpy as np
+import uvloop
 from rank_bm25 import BM25Okapi
 
 from sorl_verl.retrieval import build_index, embedded_corpus_path, load_retriever
@@ -144,43 +146,116 @@ def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection to ``host:port`` that POSTs JSON and reads JSON answers.
+
+    The load generator's client (ours): real sockets, a Content-Length on every request, the answer's
+    status line and headers parsed, its body read to its Content-Length and decoded as JSON. It shares
+    the CPUs with the server, and aiohttp's or httpx's per-request cost would dominate the figure.
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post_json(self, path: str, payload) -> tuple[int, object]:
+        """``(status, decoded JSON body)``; reconnects when the previous answer closed the connection."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        body = json.dumps(payload).encode()
+        self.writer.write(
+            b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), self.host.encode(), self.port, len(body), body)
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+        version, status, _ = head[0].split(b" ", 2)
+        if version != b"HTTP/1.1":
+            raise ValueError(f"not an HTTP/1.1 answer: {head[0][:60]!r}")
+        headers = {}
+        for line in head[1:-2]:
+            name, value = line.split(b":", 1)
+            headers[name.strip().lower()] = value.strip()
+        if b"content-length" not in headers:
+            raise ValueError("answer without a Content-Length")
+        data = await self.reader.readexactly(int(headers[b"content-length"]))
+        if headers.get(b"connection", b"").lower() == b"close":
+            self.close()
+        return int(status), json.loads(data)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def is_search_r1_answer(answer, queries: int, topk: int) -> bool:
+    """Whether ``answer`` is Search-R1's ``return_scores`` reply: ``queries`` lists of at most ``topk``
+    ``{"document": {"id", "contents"}, "score"}`` hits."""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    return (
+        isinstance(result, list)
+        and len(result) == queries
+        and all(isinstance(hits, list) and len(hits) <= topk for hits in result)
+        and all(
+            isinstance(hit, dict)
+            and isinstance(hit.get("document"), dict)
+            and {"id", "contents"} <= hit["document"].keys()
+            and isinstance(hit.get("score"), float)
+            for hits in result
+            for hit in hits
+        )
+    )
+
+
 def load_run(url: str, questions: list[str], clients: int, requests_per_client: int) -> dict:
-    """``clients`` concurrent clients, each with its own connection, sending ``requests_per_client``
-    single-query requests one after another (after 2 warm-up requests each). Bounded: every request
-    has a 60 s timeout, and errors are counted, not retried."""
+    """``clients`` concurrent clients, each with its own keep-alive connection, sending
+    ``requests_per_client`` single-query requests one after another (after 2 warm-up requests each,
+    which open the connections). An answer counts when it is a 200 whose JSON is one list of ``TOPK``
+    hits with a document and a score (Search-R1's shape). Bounded: every request has a 60 s timeout,
+    and errors are counted, not retried. Runs on uvloop, as the server does."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
 
     async def run():
         latencies: list[float] = []
         errors: list[str] = []
-        timeout = aiohttp.ClientTimeout(total=60)
-        # aiohttp rather than httpx: the client shares the CPUs with the server, and httpx's
-        # per-request cost would dominate the figure.
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
+        connections = [HttpConnection(host, int(port)) for _ in range(clients)]
 
-            async def client(worker: int, count: int, record: bool):
-                for i in range(count):
-                    query = questions[(worker * count + i) % len(questions)]
-                    start = time.perf_counter()
-                    try:
-                        async with session.post(
-                            url + "/retrieve", json={"queries": [query], "topk": TOPK, "return_scores": True}
-                        ) as reply:
-                            await reply.read()
-                            if reply.status != 200:
-                                errors.append(f"HTTP {reply.status}")
-                                continue
-                    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                        errors.append(type(error).__name__)
-                        continue
-                    if record:
-                        latencies.append(time.perf_counter() - start)
+        async def client(worker: int, count: int, record: bool):
+            connection = connections[worker]
+            for i in range(count):
+                payload = {
+                    "queries": [questions[(worker * count + i) % len(questions)]],
+                    "topk": TOPK,
+                    "return_scores": True,
+                }
+                start = time.perf_counter()
+                try:
+                    async with asyncio.timeout(60):
+                        status, answer = await connection.post_json("/retrieve", payload)
+                except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                    errors.append(type(e).__name__)
+                    connection.close()
+                    continue
+                if status != 200:
+                    errors.append(f"HTTP {status}")
+                    continue
+                if not is_search_r1_answer(answer, queries=1, topk=TOPK):
+                    errors.append("wrong answer shape")
+                    continue
+                if record:
+                    latencies.append(time.perf_counter() - start)
 
+        try:
             await asyncio.gather(*(client(w, 2, False) for w in range(clients)))  # warm-up: connections open
             start = time.perf_counter()
             await asyncio.gather(*(client(w, requests_per_client, True) for w in range(clients)))
             return latencies, errors, time.perf_counter() - start
+        finally:
+            for connection in connections:
+                connection.close()
 
-    latencies, errors, wall = asyncio.run(run())
+    latencies, errors, wall = uvloop.run(run())
     ms = np.array(latencies) * 1000 if latencies else np.array([float("nan")])
     return {
         "clients": clients,
