@@ -32,7 +32,7 @@ import os
 import random
 import re
 import sys
-import time
+import timeit
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -92,13 +92,9 @@ def built(corpus: Path, index_dir: Path, method: str, **opts) -> tuple[Path, flo
 
 def queries_per_s(retriever, queries: list[str], batch: int, repeats: int) -> float:
     """Best of ``repeats`` passes over ``queries`` in batches of ``batch`` (1: one query at a time)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for i in range(0, len(queries), batch):
-            retriever.search(queries[i : i + batch], topk=TOPK)
-        best = min(best, time.perf_counter() - start)
-    return len(queries) / best
+    spans = [queries[i : i + batch] for i in range(0, len(queries), batch)]
+    seconds = timeit.repeat(lambda: [retriever.search(span, topk=TOPK) for span in spans], number=1, repeat=repeats)
+    return len(queries) / min(seconds)
 
 
 def top_ids(retriever, queries: list[str]) -> list[list[str]]:

@@ -288,9 +288,7 @@ class LuceneRetriever:
         self._lock = threading.Lock()
         from sorl_verl.retrieval.bm25 import default_search_threads
 
-        self.search_threads = default_search_threads()
-        if search_threads is not None:
-            self.set_search_threads(search_threads)
+        self.set_search_threads(default_search_threads() if search_threads is None else search_threads)
 
     def __len__(self) -> int:
         return self._num_docs
