@@ -375,3 +375,15 @@ def test_real_lucene_index_from_the_cli(small_corpus, tmp_path, capsys):
     assert (meta["k1"], meta["b"], meta["build_threads"]) == (1.2, 0.75, 1)
     retriever = load_retriever(tmp_path / "idx")
     assert retriever.search(["Guido van Rossum"], topk=2)[0][0]["document"]["id"] == "python"
+
+
+def test_failed_lucene_indexer_leaves_nothing_and_shows_its_output(fake_java, small_corpus, tmp_path, capsys):
+    # The fake JAVA_HOME has no JVM (and CI has no pyserini), so the indexer's child process fails.
+    fake_java("0.25.0", "17.0.15")
+    with pytest.raises(RuntimeError, match=r"pyserini.index.lucene failed \(exit \d+\)"):
+        build_index(small_corpus, tmp_path / "idx", method="pyserini", show_progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "jdk"]
+    with pytest.raises(SystemExit) as exit_:
+        main([str(small_corpus), str(tmp_path / "idx"), "--method", "pyserini", "--quiet"])
+    assert exit_.value.code == 2 and "pyserini.index.lucene failed" in capsys.readouterr().err
+    assert not (tmp_path / "idx").exists()
