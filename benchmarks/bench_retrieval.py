@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import aiohttp
+import httptools
 import httpx
 import numpy as np
 import uvloop
@@ -146,47 +148,73 @@ def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-class HttpConnection:
-    """One keep-alive HTTP/1.1 connection to ``host:port`` that POSTs JSON and reads JSON answers.
+class HttpConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads JSON answers, one at a time.
 
-    The load generator's client (ours): real sockets, a Content-Length on every request, the answer's
-    status line and headers parsed, its body read to its Content-Length and decoded as JSON. It shares
-    the CPUs with the server, and aiohttp's or httpx's per-request cost would dominate the figure.
+    The load generator's client (ours): a real socket, a Content-Length on every request, the answer
+    parsed by httptools (the C parser uvicorn uses; status, headers, Content-Length or chunked framing)
+    and its body decoded as JSON. It shares the CPUs with the server: aiohttp's or httpx's per-request
+    cost would dominate the figure, and so did asyncio streams'.
     """
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.reply: asyncio.Future | None = None
+        self.body: list[bytes] = []
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> HttpConnection:
+        _, connection = await asyncio.get_running_loop().create_connection(lambda: cls(host, port), host, port)
+        return connection
+
+    @property
+    def closed(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
 
     async def post_json(self, path: str, payload) -> tuple[int, object]:
-        """``(status, decoded JSON body)``; reconnects when the previous answer closed the connection."""
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        """``(status, decoded JSON body)`` of one request; closes the connection when the answer says so."""
         body = json.dumps(payload).encode()
-        self.writer.write(
+        self.body = []
+        self.reply = asyncio.get_running_loop().create_future()
+        self.transport.write(
             b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (path.encode(), self.host.encode(), self.port, len(body), body)
         )
-        head = (await self.reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
-        version, status, _ = head[0].split(b" ", 2)
-        if version != b"HTTP/1.1":
-            raise ValueError(f"not an HTTP/1.1 answer: {head[0][:60]!r}")
-        headers = {}
-        for line in head[1:-2]:
-            name, value = line.split(b":", 1)
-            headers[name.strip().lower()] = value.strip()
-        if b"content-length" not in headers:
-            raise ValueError("answer without a Content-Length")
-        data = await self.reader.readexactly(int(headers[b"content-length"]))
-        if headers.get(b"connection", b"").lower() == b"close":
-            self.close()
-        return int(status), json.loads(data)
+        status, data = await self.reply
+        return status, json.loads(data)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        if self.transport is not None:
+            self.transport.close()
+
+    # asyncio.Protocol and httptools callbacks
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(ValueError(f"malformed HTTP answer: {e}"))
+            self.transport.close()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_result((self.parser.get_status_code(), b"".join(self.body)))
+        if not self.parser.should_keep_alive():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("the server closed the connection"))
+
+    def _fail(self, error: Exception) -> None:
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_exception(error)
 
 
 def is_search_r1_answer(answer, queries: int, topk: int) -> bool:
@@ -219,10 +247,9 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
     async def run():
         latencies: list[float] = []
         errors: list[str] = []
-        connections = [HttpConnection(host, int(port)) for _ in range(clients)]
+        connections: list[HttpConnection | None] = [None] * clients
 
         async def client(worker: int, count: int, record: bool):
-            connection = connections[worker]
             for i in range(count):
                 payload = {
                     "queries": [questions[(worker * count + i) % len(questions)]],
@@ -232,10 +259,14 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
                 start = time.perf_counter()
                 try:
                     async with asyncio.timeout(60):
-                        status, answer = await connection.post_json("/retrieve", payload)
-                except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                        if connections[worker] is None or connections[worker].closed:
+                            connections[worker] = await HttpConnection.open(host, int(port))
+                        status, answer = await connections[worker].post_json("/retrieve", payload)
+                except (OSError, TimeoutError, ValueError) as e:
                     errors.append(type(e).__name__)
-                    connection.close()
+                    if connections[worker] is not None:
+                        connections[worker].close()
+                        connections[worker] = None
                     continue
                 if status != 200:
                     errors.append(f"HTTP {status}")
@@ -253,7 +284,8 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
             return latencies, errors, time.perf_counter() - start
         finally:
             for connection in connections:
-                connection.close()
+                if connection is not None:
+                    connection.close()
 
     latencies, errors, wall = uvloop.run(run())
     ms = np.array(latencies) * 1000 if latencies else np.array([float("nan")])
@@ -271,39 +303,45 @@ def load_run(url: str, questions: list[str], clients: int, requests_per_client: 
     }
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def server_latency(index_dir: Path, load: int = 0) -> None:
     """32 concurrent clients (target p99 < 100 ms), and with ``load`` also ``load`` clients
-    (target: 0 errors, p99 <= 400 ms), printed side by side from one server."""
+    (target: 0 errors, p99 <= 400 ms), printed side by side from one server, each with the CPU time
+    the server and this process (the load generator) spent per request, warm-up requests included."""
     questions = [q.text for q in load_questions(embedded_corpus_path())]
     random.Random(0).shuffle(questions)
     proc, url = start_server(index_dir)
     runs = []
     try:
-        cpu_before = process_cpu_seconds(proc.pid)
-        runs.append(load_run(url, questions, 32, 100))
-        server_cpu = process_cpu_seconds(proc.pid) - cpu_before  # includes the warm-up requests
-        if load:
-            runs.append(load_run(url, questions, load, 5))
+        for clients, per_client in [(32, 100)] + ([(load, 5)] if load else []):
+            server_before, client_before = process_cpu_seconds(proc.pid), own_cpu_seconds()
+            run = load_run(url, questions, clients, per_client)
+            sent = clients * (2 + per_client)
+            run["server_ms"] = 1000 * (process_cpu_seconds(proc.pid) - server_before) / sent
+            run["client_ms"] = 1000 * (own_cpu_seconds() - client_before) / sent
+            run["loadavg"] = os.getloadavg()[0]
+            runs.append(run)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     print(f"\n-- Server latency, 10k corpus, single-query requests, top-{TOPK}, 127.0.0.1, server in its own process")
     print(
         f"   {'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>7} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} "
-        f"{'max ms':>8}   target"
+        f"{'max ms':>8} {'server':>7} {'client':>7} {'load':>5}   target"
     )
     for run, target in zip(runs, ["p99 < 100 ms", "0 errors, p99 <= 400 ms"], strict=False):
         print(
             f"   {run['clients']:>8} {run['requests']:>9} {run['errors']:>7} {run['rate']:>7.0f} {run['p50']:>8.1f} "
-            f"{run['p90']:>8.1f} {run['p99']:>8.1f} {run['max']:>8.1f}   {target}"
-            + (f"  errors: {run['error_kinds']}" if run["errors"] else "")
+            f"{run['p90']:>8.1f} {run['p99']:>8.1f} {run['max']:>8.1f} {run['server_ms']:>7.3f} {run['client_ms']:>7.3f} "
+            f"{run['loadavg']:>5.1f}   {target}" + (f"  errors: {run['error_kinds']}" if run["errors"] else "")
         )
-    if server_cpu == server_cpu:
-        total = runs[0]["requests"] + 2 * 32
-        print(
-            f"   server CPU time {1000 * server_cpu / total:.2f} ms per request in the 32-client run "
-            f"(load average now {os.getloadavg()[0]:.1f})"
-        )
+    print("   server / client: CPU ms per request of the server process and of this one (the load generator);")
+    print("   load: the 1-minute load average after the run")
 
 
 def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1000) -> None:
