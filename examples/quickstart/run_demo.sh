@@ -93,8 +93,23 @@ POLL_INTERVAL="${POLL_INTERVAL-0.1}"
 RETRIEVER_URL="$RUN_DIR/task/index"
 PROJECT="${PROJECT:-sorl-quickstart}"
 
+# The PPO ratio's old policy: "rollout" takes the log-probs the rollout sampled with (verl's
+# algorithm.rollout_correction.bypass_mode=True) instead of recomputing them in an actor pass after
+# the rollout. The synchronous trainer samples with the current weights, so they are the same numbers
+# (measured: at most 1.4e-6 apart, fp32 on both sides) and each step saves that pass (0.6 of 3.5 s;
+# docs/quickstart.md). "recompute": verl's default, what the stability sweep uses except for its
+# stale-rollout pressures. (v1 trainer only, as here: verl's legacy trainer would swap the policy
+# loss for its own bypass loss.)
+OLD_LOG_PROBS="${OLD_LOG_PROBS:-rollout}"
+
 # shellcheck source=../common.sh
 source "$REPO/examples/common.sh"
+
+case "$OLD_LOG_PROBS" in
+  rollout) OLD_LOG_PROB_OVERRIDES=("algorithm.rollout_correction.bypass_mode=True") ;;
+  recompute) OLD_LOG_PROB_OVERRIDES=() ;;
+  *) sorl_die "OLD_LOG_PROBS must be rollout or recompute, got '$OLD_LOG_PROBS'" ;;
+esac
 
 sorl_qs_begin
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
@@ -121,4 +136,5 @@ sorl_qs_train_and_report sorl_launch \
   "trainer.log_val_generations=0" \
   "${SORL_QS_SEED_OVERRIDES[@]}" \
   "${SORL_QS_SAMPLER_OVERRIDES[@]}" \
+  "${OLD_LOG_PROB_OVERRIDES[@]}" \
   -- "${SORL_QS_REST[@]}"

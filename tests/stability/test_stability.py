@@ -117,8 +117,17 @@ def test_stale_pressure_runs_the_async_trainer_k_batches_ahead_without_dropping(
     assert f"trainer.v1.colocate_async.num_warmup_batches={k}" in overrides
     # a trajectory k versions old spans k + 1 versions: a bound of k would drop exactly the data wanted
     assert f"trainer.v1.sampler.max_off_policy_threshold={k + 1}" in overrides
-    assert "algorithm.rollout_correction.bypass_mode=True" in overrides
+    # the ratio's old policy is the one that sampled (run_demo.sh turns this into verl's bypass_mode)
+    assert spec.env()["OLD_LOG_PROBS"] == "rollout"
     assert spec.batch() == (8, 4, 32)  # the demo's batch: staleness is the only change
+
+
+@pytest.mark.parametrize("pressure", ["reuse_1x2", "reuse_8x8", "lr_5e-4"])
+def test_synchronous_pressures_recompute_the_old_policy(pressure):
+    """The demo's default takes the rollout's log-probs; the sweep's synchronous runs are plain PPO."""
+    assert RunSpec(PRESSURES[pressure], "ppo", 1).env()["OLD_LOG_PROBS"] == "recompute"
+    with pytest.raises(ValueError, match="old_log_probs"):
+        Pressure("p", "bad", old_log_probs="stale")
 
 
 def test_a_new_pressure_is_one_entry():
