@@ -30,7 +30,6 @@ setup(
         "numpy>=1.26",
         "bm25s>=0.2.6",
         "PyStemmer>=2.2",
-        "fastapi>=0.110",
         "uvicorn>=0.29",
         "httptools>=0.6",  # uvicorn's fast HTTP parser (retrieval server latency)
         "uvloop>=0.19; sys_platform != 'win32'",

@@ -7,7 +7,9 @@ HTTP API, exactly Search-R1's ``retrieval_server.py``::
       -> {"result": [[{"document": {"id", "contents"}, "score": 1.5}, ...], ...]}  (return_scores true)
 
 plus ``GET /health`` (ours). ``topk`` null or absent means the server's ``--topk``;
-``return_scores`` defaults to false, as in Search-R1.
+``return_scores`` defaults to false, as in Search-R1. Other paths are 404, other methods 405 (with
+``Allow``), both with a JSON ``detail``. The app is a plain ASGI callable served by uvicorn on uvloop
+and httptools (ours: Search-R1 uses FastAPI, whose per-request machinery cost more CPU than the search).
 
 Bad input never reaches the retriever and always gets a 4xx with ``{"detail": "<what is wrong>"}``
 (ours): 400 body is not JSON (malformed, invalid UTF-8, nested too deep, an integer too long to
@@ -414,17 +416,13 @@ def _draining_server_class():
     return DrainingServer
 
 
-def serve(
-    app: RetrievalApp, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning"
-) -> None:
-    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done.
-
-    uvicorn picks uvloop and httptools when installed (setup.py asks for both). Its access log is on
-    only at ``info`` and below, and X-Forwarded-For is not read: both cost time on every request.
-    """
+def uvicorn_config(app: RetrievalApp, host: str, port: int, log_level: str = "warning"):
+    """uvicorn's settings for ``app``. uvicorn picks uvloop and httptools when they are installed
+    (setup.py asks for both). Its access log is on only at ``info`` and below, and X-Forwarded-For is
+    not read: both cost time on every request."""
     import uvicorn
 
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -434,6 +432,13 @@ def serve(
         access_log=log_level in ("info", "debug", "trace"),
         proxy_headers=False,
     )
+
+
+def serve(
+    app: RetrievalApp, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning"
+) -> None:
+    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done."""
+    config = uvicorn_config(app, host, port, log_level)
     server = _draining_server_class()(config, grace_s)
     # uvicorn re-raises the signals it handled once it has shut down; the drain consumes the first
     # one, so the process then returns normally (exit 0) instead of dying of the signal.

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from sorl_verl.retrieval.server import MicroBatcher, create_app
+from sorl_verl.retrieval.server import MicroBatcher, create_app, uvicorn_config
 
 
 def post(server, body, **kwargs):
@@ -95,6 +95,22 @@ def test_unknown_routes_and_methods_get_json_404_and_405(live_server):
     assert httpx.post(live_server.url + "/health", timeout=10).status_code == 405
     head = httpx.head(live_server.url + "/health", timeout=10)
     assert head.status_code == 200 and head.content == b""
+
+
+def test_served_on_uvloop_and_httptools_without_per_request_extras(small_bm25):
+    import uvloop
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    config = uvicorn_config(create_app(small_bm25), "127.0.0.1", 8000)
+    config.load()
+    assert config.http_protocol_class is HttpToolsProtocol
+    assert not config.access_log and not config.proxy_headers
+    loop = config.get_loop_factory()()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    assert uvicorn_config(create_app(small_bm25), "127.0.0.1", 8000, log_level="info").access_log
 
 
 def read_reply(sock) -> tuple[str, dict[str, str], bytes]:
