@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -437,7 +438,15 @@ def uvicorn_config(app: RetrievalApp, host: str, port: int, log_level: str = "wa
 def serve(
     app: RetrievalApp, host: str, port: int, grace_s: float = DEFAULT_GRACE_S, log_level: str = "warning"
 ) -> None:
-    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done."""
+    """Run ``app`` with uvicorn until a signal, then drain (module docstring); returns when done.
+
+    Sets this process's garbage collection for serving: the objects that exist now (the index's)
+    are frozen out of it, and young objects are collected every 100,000 allocations instead of 700.
+    A batch allocates thousands of short-lived hit dicts, and the default collected about 250 times
+    per 7,000 requests at 1000 clients, 0.13-0.14 s of CPU (about 0.02 ms a request; measured with gc.callbacks).
+    """
+    gc.freeze()
+    gc.set_threshold(100_000)
     config = uvicorn_config(app, host, port, log_level)
     server = _draining_server_class()(config, grace_s)
     # uvicorn re-raises the signals it handled once it has shut down; the drain consumes the first
