@@ -41,7 +41,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import aiohttp
 import httptools
 import httpx
 import numpy as np
@@ -354,33 +353,42 @@ def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1
     statuses: list[int] = []
     failures: list[str] = []
 
-    async def client(session, worker):
-        while True:
-            try:
-                async with session.post(url + "/retrieve", json={"queries": [f"capital {worker}"], "topk": 1}) as r:
-                    await r.read()
-                    statuses.append(r.status)
-                    if r.status != 200:
-                        return
-            except aiohttp.ClientConnectorError:  # refused: the server has closed its socket
-                return
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                failures.append(type(error).__name__)
-                return
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def client(worker: int):
+        connection = None
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(30):
+                        if connection is None or connection.closed:
+                            connection = await HttpConnection.open(host, int(port))
+                        status, _ = await connection.post_json(
+                            "/retrieve", {"queries": [f"capital {worker}"], "topk": 1}
+                        )
+                except ConnectionRefusedError:  # the server has closed its socket
+                    return
+                except (OSError, TimeoutError, ValueError) as error:
+                    failures.append(type(error).__name__)
+                    return
+                statuses.append(status)
+                if status != 200:
+                    return
+        finally:
+            if connection is not None:
+                connection.close()
 
     async def run():
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-            tasks = [asyncio.create_task(client(session, w)) for w in range(clients)]
-            give_up = time.monotonic() + 60
-            while len(statuses) < before_signal and time.monotonic() < give_up:
-                await asyncio.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
-            await asyncio.wait(tasks, timeout=40)
-            return signalled
+        tasks = [asyncio.create_task(client(w)) for w in range(clients)]
+        give_up = time.monotonic() + 60
+        while len(statuses) < before_signal and time.monotonic() < give_up:
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        await asyncio.wait(tasks, timeout=40)
+        return signalled
 
-    signalled = asyncio.run(run())
+    signalled = uvloop.run(run())
     try:
         code = proc.wait(timeout=40)
     except subprocess.TimeoutExpired:
