@@ -17,6 +17,7 @@ Figures printed:
 
     python benchmarks/bench_retrieval.py --server-only --load 1000   # just the two server runs
     python benchmarks/bench_retrieval.py --server-only --drain       # and SIGTERM under load
+    python benchmarks/bench_retrieval.py --no-server --pyserini     # and Pyserini beside ours (optional extra)
 
 Synthetic corpus (ours): passages of 100 words drawn independently from the embedded
 corpus's word frequencies (so stopword share and the term-frequency tail look like real
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -430,6 +432,21 @@ def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, se
     return texts
 
 
+def pyserini_section(work: Path, passages: int) -> None:
+    """Pyserini beside ours (``benchmarks/pyserini/compare.py``), or why it cannot run here."""
+    path = Path(__file__).resolve().parent / "pyserini" / "compare.py"
+    spec = importlib.util.spec_from_file_location("sorl_bench_pyserini_compare", path)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    print(f"\n-- Pyserini (Lucene BM25) vs ours: the embedded corpus and {passages:,} synthetic passages")
+    try:
+        rows = compare.pyserini_comparison(passages=(passages,), work=work)
+    except ImportError as err:  # PyseriniUnavailable: names what to install
+        print(f"   skipped: {err}")
+        return
+    print(compare.format_table(rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -455,6 +472,12 @@ def main() -> None:
     )
     parser.add_argument("--server-only", action="store_true", help="only the server sections")
     parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")
+    parser.add_argument(
+        "--pyserini",
+        action="store_true",
+        help="also Pyserini (Lucene) vs ours on the embedded corpus and the --synthetic size (default 10k): "
+        "queries/s, recall@3, top-3 overlap (benchmarks/pyserini/compare.py; needs the pyserini extra and Java)",
+    )
     args = parser.parse_args()
     if args.load < 0 or args.load > 5000:
         parser.error("--load must be between 0 and 5000")
@@ -476,6 +499,9 @@ def main() -> None:
             server_latency(index_10k, load=args.load)
             if args.drain:
                 drain_under_load(index_10k)
+
+        if args.pyserini:
+            pyserini_section(tmp / "pyserini", args.synthetic or 10_000)
 
         if args.synthetic:
             n = args.synthetic
