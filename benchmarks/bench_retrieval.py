@@ -17,7 +17,7 @@ Figures printed:
 
     python benchmarks/bench_retrieval.py --server-only --load 1000   # just the two server runs
     python benchmarks/bench_retrieval.py --server-only --drain       # and SIGTERM under load
-    python benchmarks/bench_retrieval.py --no-server --pyserini     # and Pyserini beside ours (optional extra)
+    python benchmarks/bench_retrieval.py --no-server                 # no server; Pyserini beside ours when installed
 
 Synthetic corpus (ours): passages of 100 words drawn independently from the embedded
 corpus's word frequencies (so stopword share and the term-frequency tail look like real
@@ -473,10 +473,11 @@ def main() -> None:
     parser.add_argument("--server-only", action="store_true", help="only the server sections")
     parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")
     parser.add_argument(
-        "--pyserini",
+        "--no-pyserini",
         action="store_true",
-        help="also Pyserini (Lucene) vs ours on the embedded corpus and the --synthetic size (default 10k): "
-        "queries/s, recall@3, top-3 overlap (benchmarks/pyserini/compare.py; needs the pyserini extra and Java)",
+        help="skip Pyserini (Lucene) vs ours on the embedded corpus and the --synthetic size (default 10k): "
+        "queries/s, recall@3, top-3 overlap (benchmarks/pyserini/compare.py); it runs by default when the "
+        "pyserini extra and Java are there, and says what to install when not",
     )
     args = parser.parse_args()
     if args.load < 0 or args.load > 5000:
@@ -500,7 +501,7 @@ def main() -> None:
             if args.drain:
                 drain_under_load(index_10k)
 
-        if args.pyserini:
+        if not (args.no_pyserini or args.server_only):
             pyserini_section(tmp / "pyserini", args.synthetic or 10_000)
 
         if args.synthetic:
