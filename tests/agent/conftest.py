@@ -250,7 +250,7 @@ def run_search_r1(tokenizer):
 
 @pytest.fixture
 def project_retrieval_server():
-    """The project's FastAPI retrieval server (``sorl_verl.retrieval.server``) over :class:`FakeRetriever`
+    """The project's retrieval server (``sorl_verl.retrieval.server``) over :class:`FakeRetriever`
     on 127.0.0.1, run by uvicorn in a thread; yields its base URL."""
     import socket
 
