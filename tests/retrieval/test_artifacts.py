@@ -58,6 +58,9 @@ class TableEncoder:
 def test_mmap_corpus_random_access_equals_reading_the_file(tmp_path):
     rows = corpus_rows(300)
     rows[7] = {"id": "seven", "title": "Seven", "text": "a {title, text} row"}
+    rows[8] = {"contents": "an integer id, fields in another order", "id": 8}
+    rows[9] = {"id": "nine", "contents": "an extra field", "extra": [1, 2]}
+    rows[10] = {"id": "ten", "contents": "contents win over title/text", "title": "T", "text": "x"}
     path = tmp_path / "wiki.jsonl"
     body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:100])
     body += "\n\n   \n" + "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows[100:200]) + "\r\n"
@@ -70,6 +73,9 @@ def test_mmap_corpus_random_access_equals_reading_the_file(tmp_path):
     order = np.random.default_rng(0).permutation(300)
     assert [corpus[i] for i in order] == [expected[i] for i in order]
     assert corpus[7] == {"id": "seven", "contents": '"Seven"\na {title, text} row'}
+    for row, doc_id in ((8, "8"), (9, "nine"), (10, "ten")):  # always {"id": str, "contents": str}, in that order
+        assert list(corpus[row].items()) == [("id", doc_id), ("contents", rows[row]["contents"])]
+    assert corpus[0] is not corpus[0] and corpus[0] == corpus[0]  # a fresh dict each time
     table = tmp_path / "wiki.jsonl.offsets"
     assert (table / "offsets.npy").is_file() and json.loads((table / "meta.json").read_text())["num_rows"] == 300
     assert not MmapCorpus(path, show_progress=False).rebuilt  # built once, then reused
@@ -135,6 +141,13 @@ def test_mmap_corpus_refuses_gzip_empty_and_bad_rows(tmp_path):
     corpus = MmapCorpus(middle, show_progress=False)  # only the first and last rows are checked on opening
     with pytest.raises(CorpusFormatError, match=r"middle\.jsonl: row 1 \(byte \d+\): invalid JSON"):
         corpus[1]
+    typed = tmp_path / "typed.jsonl"
+    write_rows(typed, [corpus_rows(1)[0], {"id": "x", "contents": 5}, {"id": 1.5, "contents": "c"}, corpus_rows(1)[0]])
+    corpus = MmapCorpus(typed, show_progress=False)
+    with pytest.raises(CorpusFormatError, match=r"typed\.jsonl: row 1 \(byte \d+\): field 'contents' must be a string"):
+        corpus[1]
+    with pytest.raises(CorpusFormatError, match=r"typed\.jsonl: row 2 \(byte \d+\): field 'id' must be a string"):
+        corpus[2]
 
 
 # ---- FAISS artifacts --------------------------------------------------------------------------

@@ -222,3 +222,48 @@ def test_blocked_top_k_equals_scoring_every_match(both_indexes):
             got_rows, got_scores = retriever.top_k_blocked(token_ids, k)
             assert got_rows.tolist() == rows[best].tolist() and np.array_equal(got_scores, scores[best]), query
     assert not retriever._buffer().any()  # left zeroed for the next query
+
+
+def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
+    """top_k's fast paths (the one-block window, the few-postings selection) and the blocked path give
+    the documents, float32 scores and tie order of scoring every match and taking its top k; a corpus
+    searched as one block and as many blocks gives the same answers."""
+    from sorl_verl.retrieval import bm25
+
+    one_block = load_retriever(both_indexes[0])
+    many_blocks = load_retriever(both_indexes[0])
+    many_blocks._block_edges = np.append(np.arange(0, len(many_blocks), 97, dtype=np.int64), len(many_blocks))
+    assert len(one_block._block_edges) == 2 and len(many_blocks._block_edges) > 2
+    questions = [q.text for q in load_questions(embedded_corpus_path())[:200]]
+    questions += ["seurat", "the of", "zürich", "seurat seurat zürich", "unknownwordxyz", ""]
+    paths = {
+        "window": one_block._top_k_window,
+        "sparse": many_blocks._top_k_sparse,
+        "blocked": lambda spans, k, ids: many_blocks.top_k_blocked(ids, k),
+    }
+    used = {"sparse": 0, "blocked": 0}
+    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 300)  # this small corpus: both multi-block paths taken
+    for query in questions:
+        token_ids = one_block.query_token_ids(query)
+        spans = one_block._postings(token_ids)
+        for k in (1, 3, bm25.ARGMAX_TOPK):
+            rows, scores = one_block.score_matching(token_ids)
+            best = bm25.top_k_rows(scores, k)
+            expected = (rows[best].tolist(), scores[best])
+            for name, path in paths.items():
+                if not spans:
+                    continue
+                got_rows, got_scores = path(spans, k, token_ids) if name == "blocked" else path(spans, k)
+                assert got_rows.dtype == np.int64 and got_scores.dtype == np.float32, name
+                assert got_rows.tolist() == expected[0] and np.array_equal(got_scores, expected[1]), (name, query)
+            got_rows, got_scores = many_blocks.top_k(token_ids, k)  # the dispatcher, as searches use it
+            assert got_rows.tolist() == expected[0] and np.array_equal(got_scores, expected[1]), query
+            if spans:
+                used["sparse" if sum(e - s for s, e in spans) <= bm25.SPARSE_POSTINGS else "blocked"] += 1
+    assert used["sparse"] > 0 and used["blocked"] > 0  # both multi-block paths ran
+    assert not one_block._buffer().any() and not many_blocks._buffer().any()  # left zeroed
+    assert one_block.search(questions, topk=3) == many_blocks.search(questions, topk=3)
+    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 1 << 30)  # every multi-block query through the sparse path
+    assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
+    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 0)  # every multi-block query through the blocked path
+    assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
