@@ -28,9 +28,12 @@ rounded to float32 once; :func:`build_bm25_in_memory` keeps bm25s's build for co
 Search (ours): the CSC arrays are memory-mapped (``mmap=True``, the default), so a server's
 resident memory is the vocabulary, one float32 score buffer per search thread (4 bytes x documents)
 and the index pages its queries touch (shared page cache). Scoring sums the precomputed scores of
-the query terms' posting lists (:meth:`BM25Retriever.score_matching`). A batch of queries is split
-over ``search_threads`` threads (default: the CPUs this process may use); numpy releases the GIL in
-the posting-list slices. Queries are tokenized here, by a pure function of the saved vocabulary,
+the query terms' posting lists into that buffer (``np.add.at``: one pass, half the CPU of
+``buffer[rows] += scores`` here), and top-k selection takes the cheapest exact path for the query
+(:meth:`BM25Retriever.top_k`: the whole buffer on a corpus of one block, the touched rows only when
+the postings are few, cache-sized blocks otherwise). A batch of queries is split over
+``search_threads`` threads (default: the CPUs this process may use); numpy releases the GIL in its
+array loops, not in the per-query Python around them. Queries are tokenized here, by a pure function of the saved vocabulary,
 instead of through a ``bm25s.tokenization.Tokenizer``: the Tokenizer memoises every word it sees, so
 in a long-running server it would grow without bound and mutate shared state across threads.
 """
@@ -175,6 +178,7 @@ class BM25Retriever:
                 "rebuild the index"
             )
         self._num_docs = num_docs
+        self._empty_term = self._vocab.get("")  # bm25s's term of a document without terms: never a query term
         self._block_edges = np.append(np.arange(0, num_docs, SCORE_BLOCK_DOCS, dtype=np.int64), num_docs)
         self._docs = open_docs(index_dir, num_docs)
         tok = meta["tokenizer"]
@@ -222,13 +226,17 @@ class BM25Retriever:
         words = self._split(text.lower() if self._lower else text)
         words = [w for w in words if w not in self._stopwords]
         if self._stemmer_language:
-            # A Stemmer object is not thread-safe, and it is cheap to create.
-            words = Stemmer.Stemmer(self._stemmer_language).stemWords(words)
+            # A Stemmer object is not thread-safe: one per thread (its word cache is bounded, 10k words).
+            stemmer = getattr(self._local, "stemmer", None)
+            if stemmer is None:
+                stemmer = self._local.stemmer = Stemmer.Stemmer(self._stemmer_language)
+            words = stemmer.stemWords(words)
         return words
 
     def query_token_ids(self, query: str) -> list[int]:
         """Vocabulary ids of a query's terms (terms not in the corpus dropped)."""
-        return [self._vocab[w] for w in self.terms(query) if w in self._vocab and w != ""]
+        get = self._vocab.get
+        return [term for term in map(get, self.terms(query)) if term is not None and term != self._empty_term]
 
     def score_matching(self, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """BM25 scores of the documents containing at least one query term.
