@@ -67,8 +67,10 @@ def _offsets_dir_candidates(corpus: Path) -> list[Path]:
     from sorl_verl.retrieval import default_cache_dir
 
     key = hashlib.sha256(str(corpus.resolve()).encode()).hexdigest()[:12]
-    return [corpus.with_name(corpus.name + OFFSETS_SUFFIX),
-            default_cache_dir() / "corpus_offsets" / f"{corpus.name}-{key}{OFFSETS_SUFFIX}"]
+    return [
+        corpus.with_name(corpus.name + OFFSETS_SUFFIX),
+        default_cache_dir() / "corpus_offsets" / f"{corpus.name}-{key}{OFFSETS_SUFFIX}",
+    ]
 
 
 def scan_rows(path: Path, show_progress: bool = True) -> np.ndarray:
@@ -77,7 +79,9 @@ def scan_rows(path: Path, show_progress: bool = True) -> np.ndarray:
     data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
     size = len(data)
     newlines = []
-    with tqdm(total=size, unit="B", unit_scale=True, desc=f"index rows of {path.name}", disable=not show_progress) as bar:
+    with tqdm(
+        total=size, unit="B", unit_scale=True, desc=f"index rows of {path.name}", disable=not show_progress
+    ) as bar:
         for start in range(0, size, _SCAN_BYTES):
             window = data[start : start + _SCAN_BYTES]
             newlines.append(np.flatnonzero(window == 10).astype(np.int64) + start)
@@ -115,8 +119,13 @@ class MmapCorpus:
     Safe to read from several threads.
     """
 
-    def __init__(self, path: str | Path, offsets_dir: str | Path | None = None, expected_rows: int | None = None,
-                 show_progress: bool = True):
+    def __init__(
+        self,
+        path: str | Path,
+        offsets_dir: str | Path | None = None,
+        expected_rows: int | None = None,
+        show_progress: bool = True,
+    ):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"corpus file not found: {path}")
@@ -166,13 +175,20 @@ class MmapCorpus:
 
     def _build_table(self, fingerprint: dict, show_progress: bool) -> None:
         if self.offsets_dir.exists():
-            print(f"{self.path} changed since its offset table {self.offsets_dir} was built; rebuilding it",
-                  file=sys.stderr)
+            print(
+                f"{self.path} changed since its offset table {self.offsets_dir} was built; rebuilding it",
+                file=sys.stderr,
+            )
         spans = scan_rows(self.path, show_progress=show_progress)
         with atomic_dir(self.offsets_dir, overwrite=True) as tmp:
             np.save(tmp / "offsets.npy", spans)
-            meta = {"format": OFFSETS_FORMAT, "format_version": OFFSETS_VERSION, "corpus": str(self.path.resolve()),
-                    "num_rows": int(len(spans)), **fingerprint}
+            meta = {
+                "format": OFFSETS_FORMAT,
+                "format_version": OFFSETS_VERSION,
+                "corpus": str(self.path.resolve()),
+                "num_rows": int(len(spans)),
+                **fingerprint,
+            }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     def __len__(self) -> int:
@@ -223,9 +239,18 @@ class FaissArtifactRetriever:
 
     method = "dense"
 
-    def __init__(self, faiss_index: str | Path, corpus: str | Path, encoder, faiss_gpu: bool | None = None,
-                 mmap_index: bool = True, query_max_length: int = 256, batch_size: int = 64,
-                 offsets_dir: str | Path | None = None, show_progress: bool = True):
+    def __init__(
+        self,
+        faiss_index: str | Path,
+        corpus: str | Path,
+        encoder,
+        faiss_gpu: bool | None = None,
+        mmap_index: bool = True,
+        query_max_length: int = 256,
+        batch_size: int = 64,
+        offsets_dir: str | Path | None = None,
+        show_progress: bool = True,
+    ):
         import faiss
 
         from sorl_verl.retrieval.dense import make_encoder
@@ -239,17 +264,28 @@ class FaissArtifactRetriever:
         except RuntimeError as e:
             raise IndexFormatError(f"{index_path}: not a FAISS index faiss can read ({str(e).strip()[:200]})") from None
         if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-            raise IndexFormatError(f"{index_path}: the index's metric is not inner product (Search-R1's indexes are "
-                                   f"IndexFlatIP); got metric_type {index.metric_type}")
-        self.encoder = make_encoder(encoder, max_length=query_max_length, batch_size=batch_size) \
-            if isinstance(encoder, str) else encoder
+            raise IndexFormatError(
+                f"{index_path}: the index's metric is not inner product (Search-R1's indexes are "
+                f"IndexFlatIP); got metric_type {index.metric_type}"
+            )
+        self.encoder = (
+            make_encoder(encoder, max_length=query_max_length, batch_size=batch_size)
+            if isinstance(encoder, str)
+            else encoder
+        )
         if int(self.encoder.dim) != index.d:
-            raise IndexFormatError(f"{index_path}: vectors of dimension {index.d}, but encoder {encoder!r} gives "
-                                   f"{self.encoder.dim}; use the encoder the index was built with")
-        self.corpus = MmapCorpus(corpus, offsets_dir=offsets_dir, expected_rows=index.ntotal, show_progress=show_progress)
+            raise IndexFormatError(
+                f"{index_path}: vectors of dimension {index.d}, but encoder {encoder!r} gives "
+                f"{self.encoder.dim}; use the encoder the index was built with"
+            )
+        self.corpus = MmapCorpus(
+            corpus, offsets_dir=offsets_dir, expected_rows=index.ntotal, show_progress=show_progress
+        )
         gpus = _faiss_gpu_count()
         if faiss_gpu and gpus == 0:
-            raise RuntimeError("faiss_gpu=True, but this faiss sees no GPU (install faiss-gpu, or pass faiss_gpu=False)")
+            raise RuntimeError(
+                "faiss_gpu=True, but this faiss sees no GPU (install faiss-gpu, or pass faiss_gpu=False)"
+            )
         self.on_gpu = bool(gpus) if faiss_gpu is None else bool(faiss_gpu)
         if self.on_gpu:
             options = faiss.GpuMultipleClonerOptions()
@@ -268,19 +304,29 @@ class FaissArtifactRetriever:
             raise ValueError(f"topk must be positive, got {topk}")
         if not queries:
             return []
-        embeddings = np.ascontiguousarray(self.encoder.encode(list(queries), kind="query"), dtype=np.float32)  # (n, dim)
+        embeddings = np.ascontiguousarray(
+            self.encoder.encode(list(queries), kind="query"), dtype=np.float32
+        )  # (n, dim)
         scores, rows = self._index.search(embeddings, min(topk, len(self.corpus)))  # (n, k) each
         return [
-            [{"document": self.corpus[r], "score": float(s)} for r, s in zip(row_ids, row_scores, strict=True) if r >= 0]
+            [
+                {"document": self.corpus[r], "score": float(s)}
+                for r, s in zip(row_ids, row_scores, strict=True)
+                if r >= 0
+            ]
             for row_ids, row_scores in zip(rows, scores, strict=True)
         ]
 
 
-def load_faiss_artifacts(faiss_index: str | Path, corpus: str | Path | None, encoder, **options) -> FaissArtifactRetriever:
+def load_faiss_artifacts(
+    faiss_index: str | Path, corpus: str | Path | None, encoder, **options
+) -> FaissArtifactRetriever:
     """:class:`FaissArtifactRetriever`, with errors for a missing corpus or encoder."""
     if corpus is None:
         raise ValueError("a FAISS index file needs its corpus JSONL (corpus=..., --corpus): FAISS id i is corpus row i")
     if encoder is None:
-        raise ValueError("a FAISS index file needs the encoder it was built with (encoder=..., --encoder), "
-                         "e.g. intfloat/e5-base-v2 for Search-R1's e5_Flat.index")
+        raise ValueError(
+            "a FAISS index file needs the encoder it was built with (encoder=..., --encoder), "
+            "e.g. intfloat/e5-base-v2 for Search-R1's e5_Flat.index"
+        )
     return FaissArtifactRetriever(faiss_index, corpus, encoder, **options)

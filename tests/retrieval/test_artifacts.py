@@ -18,8 +18,10 @@ faiss = pytest.importorskip("faiss")
 
 
 def corpus_rows(n: int) -> list[dict]:
-    return [{"id": str(i), "contents": format_contents(f"Title {i}", f"passage number {i} é ✓ " * (1 + i % 3))}
-            for i in range(n)]
+    return [
+        {"id": str(i), "contents": format_contents(f"Title {i}", f"passage number {i} é ✓ " * (1 + i % 3))}
+        for i in range(n)
+    ]
 
 
 def write_rows(path, rows, newline="\n", trailing=True) -> None:
@@ -161,7 +163,9 @@ def test_faiss_artifacts_equal_brute_force_inner_product(tmp_path):
     search_r1_index(tmp_path / "e5_Flat.index", docs)
     encoder = TableEncoder(queries)
 
-    retriever = load_retriever(faiss_index=tmp_path / "e5_Flat.index", corpus=tmp_path / "wiki-18.jsonl", encoder=encoder)
+    retriever = load_retriever(
+        faiss_index=tmp_path / "e5_Flat.index", corpus=tmp_path / "wiki-18.jsonl", encoder=encoder
+    )
     assert isinstance(retriever, FaissArtifactRetriever) and len(retriever) == 80 and retriever.method == "dense"
     hits = retriever.search([f"q{j}" for j in range(7)], topk=5)
     assert encoder.kinds == ["query"]
@@ -182,7 +186,9 @@ def test_artifact_mismatches_are_clear_errors(tmp_path):
     with pytest.raises(CorpusFormatError, match=r"corpus\.jsonl: 30 rows, but 31 were expected"):
         load_retriever(faiss_index=tmp_path / "ip.index", corpus=tmp_path / "corpus.jsonl", encoder="hashing:8")
     search_r1_index(tmp_path / "ip30.index", unit_rows(rng, 30, 8))
-    with pytest.raises(IndexFormatError, match=r"ip30\.index: vectors of dimension 8, but encoder 'hashing:16' gives 16"):
+    with pytest.raises(
+        IndexFormatError, match=r"ip30\.index: vectors of dimension 8, but encoder 'hashing:16' gives 16"
+    ):
         load_retriever(faiss_index=tmp_path / "ip30.index", corpus=tmp_path / "corpus.jsonl", encoder="hashing:16")
     l2 = faiss.IndexFlatL2(8)
     l2.add(unit_rows(rng, 30, 8))
@@ -208,20 +214,30 @@ def tiny_e5(tmp_path_factory):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-    words = sorted({w for r in corpus_rows(40) for w in r["contents"].replace('"', " ").lower().split()}
-                   | {"query", "passage", ":", "which", "number"})
+    words = sorted(
+        {w for r in corpus_rows(40) for w in r["contents"].replace('"', " ").lower().split()}
+        | {"query", "passage", ":", "which", "number"}
+    )
     vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
-                                                             special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     folder = tmp_path_factory.mktemp("models") / "tiny-e5-base"
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    ).save_pretrained(folder)
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(config).eval().save_pretrained(folder)
     return folder
 
@@ -250,8 +266,9 @@ def test_search_r1_layout_with_e5_prefixes(tmp_path, tiny_e5):
     queries = reference_encode(tiny_e5, [f"query: {q}" for q in questions])
     assert not np.allclose(queries, reference_encode(tiny_e5, questions), atol=1e-3)  # the prefix matters here
 
-    retriever = load_retriever(faiss_index=str(tmp_path / "e5_Flat.index"), corpus=str(tmp_path / "wiki-18.jsonl"),
-                               encoder=str(tiny_e5))
+    retriever = load_retriever(
+        faiss_index=str(tmp_path / "e5_Flat.index"), corpus=str(tmp_path / "wiki-18.jsonl"), encoder=str(tiny_e5)
+    )
     assert not retriever.on_gpu  # faiss-cpu here
     hits = retriever.search(questions, topk=4)
     scores = queries @ docs.T
@@ -274,14 +291,31 @@ def test_sorl_retriever_serves_search_r1_artifacts(tmp_path, monkeypatch, capsys
     search_r1_index(tmp_path / "e5_Flat.index", HashingEncoder(32).encode([r["contents"] for r in rows]))
     served = {}
     monkeypatch.setattr(server, "serve", lambda app, host, port, **kw: served.update(app=app, port=port))
-    server.main(["--faiss-index", str(tmp_path / "e5_Flat.index"), "--corpus", str(tmp_path / "wiki-18.jsonl"),
-                 "--encoder", "hashing:32", "--faiss-gpu", "no", "--port", "8123"])
+    server.main(
+        [
+            "--faiss-index",
+            str(tmp_path / "e5_Flat.index"),
+            "--corpus",
+            str(tmp_path / "wiki-18.jsonl"),
+            "--encoder",
+            "hashing:32",
+            "--faiss-gpu",
+            "no",
+            "--port",
+            "8123",
+        ]
+    )
     assert served["port"] == 8123
     with live_server_class(served["app"]) as live:
         assert httpx.get(live.url + "/health").json()["num_docs"] == 12
-        reply = httpx.post(live.url + "/retrieve", json={"queries": [rows[5]["contents"]], "topk": 2,
-                                                         "return_scores": True}, timeout=30).json()
-    assert reply["result"][0][0]["document"] == rows[5] and reply["result"][0][0]["score"] == pytest.approx(1.0, abs=1e-5)
+        reply = httpx.post(
+            live.url + "/retrieve",
+            json={"queries": [rows[5]["contents"]], "topk": 2, "return_scores": True},
+            timeout=30,
+        ).json()
+    assert reply["result"][0][0]["document"] == rows[5] and reply["result"][0][0]["score"] == pytest.approx(
+        1.0, abs=1e-5
+    )
 
     for argv, message in (
         (["--faiss-index", "x.index", "--corpus", "c.jsonl"], "needs --corpus"),
@@ -292,6 +326,14 @@ def test_sorl_retriever_serves_search_r1_artifacts(tmp_path, monkeypatch, capsys
             server.main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        server.main(["--faiss-index", str(tmp_path / "missing.index"), "--corpus", str(tmp_path / "wiki-18.jsonl"),
-                     "--encoder", "hashing:32"])
+        server.main(
+            [
+                "--faiss-index",
+                str(tmp_path / "missing.index"),
+                "--corpus",
+                str(tmp_path / "wiki-18.jsonl"),
+                "--encoder",
+                "hashing:32",
+            ]
+        )
     assert exit_info.value.code == 2 and "FAISS index file not found" in capsys.readouterr().err
