@@ -255,3 +255,22 @@ def test_server_cli_reports_missing_index(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2 and "meta.json is missing" in proc.stderr
+
+
+def test_replies_are_the_same_json_with_and_without_orjson(live_server, monkeypatch):
+    """encode_json uses orjson when installed and json otherwise: the same parsed reply either way, and
+    what orjson refuses (a lone surrogate, an integer beyond 64 bits) still encodes through json."""
+    from sorl_verl.retrieval import server
+
+    payload = {"result": [[{"document": {"id": "z", "contents": 'Zürich "東京"\n\\'}, "score": 1e-05}]], "n": 3}
+    assert json.loads(server.encode_json(payload)) == payload
+    assert json.loads(server.encode_json({"n": 10**30})) == {"n": 10**30}
+    with pytest.raises(UnicodeEncodeError):  # neither encoder writes a lone surrogate as UTF-8
+        server.encode_json({"s": "\ud800"})
+    body = {"queries": ["capital of Germany", "Zürich"], "topk": 2, "return_scores": True}
+    with_orjson = post(live_server, body)
+    monkeypatch.setattr(server, "orjson", None)
+    without = post(live_server, body)
+    assert with_orjson.status_code == without.status_code == 200
+    assert with_orjson.json() == without.json() and with_orjson.json()["result"][0]
+    assert with_orjson.headers["content-length"] == str(len(with_orjson.content))
