@@ -38,6 +38,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
+
+try:  # installed with verl (through tensordict); json is the fallback
+    import orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    orjson = None
 from sorl_verl.retrieval.corpus import CorpusFormatError, _row_to_document
 from sorl_verl.retrieval.store import IndexFormatError
 
@@ -205,10 +210,18 @@ class MmapCorpus:
                 f"{self.path}: row {row} (byte {start}): past the end of the file ({len(self._mm)} bytes): "
                 "the file was truncated"
             )
+        line = self._mm[start:end]
         try:
-            record = json.loads(self._mm[start:end])
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CorpusFormatError(f"{self.path}: row {row} (byte {start}): invalid JSON ({str(e)[:120]})") from None
+            # orjson: 1.2 us a 600-byte row here, json.loads 3-6 us. It accepts a subset of what json
+            # accepts (no NaN, lone surrogate escapes, integers beyond 64 bits, BOM), with the same values.
+            record = orjson.loads(line) if orjson is not None else json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both are: json decides, as before
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CorpusFormatError(
+                    f"{self.path}: row {row} (byte {start}): invalid JSON ({str(e)[:120]})"
+                ) from None
         if type(record) is dict:  # the common row (DocsWriter's): a string id and contents, taken as they are
             doc_id, contents = record.get("id"), record.get("contents")
             if type(doc_id) is str and type(contents) is str:

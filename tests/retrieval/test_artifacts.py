@@ -63,6 +63,7 @@ def test_mmap_corpus_random_access_equals_reading_the_file(tmp_path):
     rows[8] = {"contents": "an integer id, fields in another order", "id": 8}
     rows[9] = {"id": "nine", "contents": "an extra field", "extra": [1, 2]}
     rows[10] = {"id": "ten", "contents": "contents win over title/text", "title": "T", "text": "x"}
+    rows[11] = {"id": 10**30, "contents": "JSON that orjson refuses and json takes", "extra": float("nan")}
     path = tmp_path / "wiki.jsonl"
     body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:100])
     body += "\n\n   \n" + "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows[100:200]) + "\r\n"
@@ -75,7 +76,12 @@ def test_mmap_corpus_random_access_equals_reading_the_file(tmp_path):
     order = np.random.default_rng(0).permutation(300)
     assert [corpus[i] for i in order] == [expected[i] for i in order]
     assert corpus[7] == {"id": "seven", "contents": '"Seven"\na {title, text} row'}
-    for row, doc_id in ((8, "8"), (9, "nine"), (10, "ten")):  # always {"id": str, "contents": str}, in that order
+    for row, doc_id in (
+        (8, "8"),
+        (9, "nine"),
+        (10, "ten"),
+        (11, str(10**30)),
+    ):  # always {"id": str, "contents": str}, in that order
         assert list(corpus[row].items()) == [("id", doc_id), ("contents", rows[row]["contents"])]
     assert corpus[0] is not corpus[0] and corpus[0] == corpus[0]  # a fresh dict each time
     table = tmp_path / "wiki.jsonl.offsets"
