@@ -87,6 +87,7 @@ def default_search_threads() -> int:
 ARGMAX_TOPK = 8  # up to this k, top-k is k argmax passes (SIMD, no copy) instead of a partition
 SCORE_BLOCK_DOCS = 1 << 18  # documents scored together in blocked search: a 1 MiB float32 window, cache-resident
 SPARSE_POSTINGS = 1 << 15  # up to this many postings a query, top-k selects among the touched rows only
+SCATTER_GROUP_POSTINGS = 1 << 16  # posting lists joined for one np.add.at: 512 KiB of rows and scores at most
 
 
 def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
@@ -304,12 +305,34 @@ class BM25Retriever:
             return self._top_k_sparse(spans, k)
         return self.top_k_blocked(token_ids, k)
 
+    def _scatter(self, buffer: np.ndarray, spans: list[tuple[int, int]]) -> None:
+        """Add the postings of ``spans`` (in order) into ``buffer``: consecutive posting lists are joined
+        into groups of at most ``SCATTER_GROUP_POSTINGS`` and each group added by one ``np.add.at``
+        (about 1.5 us a call here, so 8 short lists in one call cost half as much). ``np.add.at``
+        applies its elements in order, so every document's float32 sum runs in query-term order, as
+        with one call per term."""
+        indices, data = self._indices, self._data
+        group: list[tuple[int, int]] = []
+        size = 0
+        for start, end in [*spans, (0, -1)]:  # (0, -1): a sentinel that flushes the last group
+            if group and (end < 0 or size + end - start > SCATTER_GROUP_POSTINGS):
+                if len(group) == 1:
+                    np.add.at(buffer, indices[group[0][0] : group[0][1]], data[group[0][0] : group[0][1]])
+                else:
+                    np.add.at(
+                        buffer,
+                        np.concatenate([indices[a:b] for a, b in group]),
+                        np.concatenate([data[a:b] for a, b in group]),
+                    )
+                group, size = [], 0
+            if end >= 0:
+                group.append((start, end))
+                size += end - start
+
     def _top_k_window(self, spans: list[tuple[int, int]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`top_k` on a one-block corpus: the whole buffer is the window."""
         buffer = self._buffer()
-        indices, data = self._indices, self._data
-        for start, end in spans:
-            np.add.at(buffer, indices[start:end], data[start:end])
+        self._scatter(buffer, spans)
         rows = np.empty(k, dtype=np.int64)
         scores = np.empty(k, dtype=np.float32)
         found = 0
@@ -335,12 +358,8 @@ class BM25Retriever:
         passes of O(num_postings) and no sort (``np.unique`` cost ~200 us on 2,600 rows here).
         """
         buffer = self._buffer()
-        indices, data = self._indices, self._data
-        postings = []
-        for start, end in spans:
-            postings.append(indices[start:end])
-            np.add.at(buffer, postings[-1], data[start:end])
-        touched = np.concatenate(postings) if len(postings) > 1 else postings[0]
+        self._scatter(buffer, spans)
+        touched = np.concatenate([self._indices[start:end] for start, end in spans])
         values = buffer[touched]  # a copy
         buffer[touched] = 0.0
         rows: list[int] = []

@@ -267,3 +267,12 @@ def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
     assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
     monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 0)  # every multi-block query through the blocked path
     assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
+    monkeypatch.setattr(bm25, "SCATTER_GROUP_POSTINGS", 50)  # posting lists joined in groups, split, or alone
+    for query in questions:
+        token_ids = one_block.query_token_ids(query)
+        spans = one_block._postings(token_ids)
+        if spans:
+            rows, scores = one_block.score_matching(token_ids)
+            best = bm25.top_k_rows(scores, 3)
+            for got_rows, got_scores in (one_block._top_k_window(spans, 3), many_blocks._top_k_sparse(spans, 3)):
+                assert got_rows.tolist() == rows[best].tolist() and np.array_equal(got_scores, scores[best]), query
