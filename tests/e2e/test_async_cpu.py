@@ -117,9 +117,11 @@ def test_colocate_async_so_grpo_with_rollout_correction(e2e_assets, main_ppo, tm
         ],
     )
     steps, mixed = check_async_run(result)
-    # partial rollouts: the newer batch was aborted mid-generation, continued under version 1 and
-    # trained at step 2 (a turn spanning versions 0 and 1)
-    assert any([0, 1] in [call["versions"] for call in probe["calls"]] for probe in mixed), mixed
+    # partial rollouts: the newer batch, started under version 0, was continued under version 1 and
+    # trained at step 2. Whether the abort lands inside a turn (one call spanning versions 0 and 1) or
+    # between two turns depends on timing (an idle machine may finish the turn first: seen in CI), so
+    # the check is on the trajectory
+    assert any({0, 1} <= {v for call in probe["calls"] for v in call["versions"]} for probe in mixed), mixed
     assert steps[2]["actor/sorl/mixed_version_share"] > 0
     for step, data in steps.items():
         assert any(k.startswith("rollout_corr/") for k in data), step
