@@ -38,13 +38,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
+from sorl_verl.retrieval.corpus import CorpusFormatError, _row_to_document
+from sorl_verl.retrieval.store import IndexFormatError
 
 try:  # installed with verl (through tensordict); json is the fallback
     import orjson
 except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
-from sorl_verl.retrieval.corpus import CorpusFormatError, _row_to_document
-from sorl_verl.retrieval.store import IndexFormatError
 
 __all__ = ["FaissArtifactRetriever", "MmapCorpus", "load_faiss_artifacts"]
 

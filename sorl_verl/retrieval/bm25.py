@@ -288,9 +288,9 @@ class BM25Retriever:
           buffer is one cache-resident window: scatter the postings, ``k`` argmax passes, zero it. No
           ``searchsorted``, no per-block loop.
         - few postings (at most ``SPARSE_POSTINGS`` in all, a short query of rare terms on a large corpus):
-          scatter, then select among the touched rows only (``np.unique`` of the posting rows, a sort of a
-          few thousand integers) instead of scanning ``num_docs // SCORE_BLOCK_DOCS`` windows. The few
-          scattered adds miss the cache but are few; the buffer is zeroed at the touched rows.
+          scatter, then select among the touched rows only (:meth:`_top_k_sparse`: ``k`` argmax passes
+          over the posting rows' summed scores) instead of scanning ``num_docs // SCORE_BLOCK_DOCS``
+          windows. The few scattered adds miss the cache but are few; the buffer is zeroed at the touched rows.
         - otherwise :meth:`top_k_blocked` (long posting lists on a large corpus: why blocks exist).
 
         The float32 sum of a document is the same in every path (one buffer, terms added in query order),
@@ -311,23 +311,29 @@ class BM25Retriever:
         (about 1.5 us a call here, so 8 short lists in one call cost half as much). ``np.add.at``
         applies its elements in order, so every document's float32 sum runs in query-term order, as
         with one call per term."""
-        indices, data = self._indices, self._data
         group: list[tuple[int, int]] = []
         size = 0
-        for start, end in [*spans, (0, -1)]:  # (0, -1): a sentinel that flushes the last group
-            if group and (end < 0 or size + end - start > SCATTER_GROUP_POSTINGS):
-                if len(group) == 1:
-                    np.add.at(buffer, indices[group[0][0] : group[0][1]], data[group[0][0] : group[0][1]])
-                else:
-                    np.add.at(
-                        buffer,
-                        np.concatenate([indices[a:b] for a, b in group]),
-                        np.concatenate([data[a:b] for a, b in group]),
-                    )
+        for start, end in spans:
+            if group and size + end - start > SCATTER_GROUP_POSTINGS:
+                self._add_postings(buffer, group)
                 group, size = [], 0
-            if end >= 0:
-                group.append((start, end))
-                size += end - start
+            group.append((start, end))
+            size += end - start
+        if group:
+            self._add_postings(buffer, group)
+
+    def _add_postings(self, buffer: np.ndarray, group: list[tuple[int, int]]) -> None:
+        """One ``np.add.at`` of the posting lists ``group`` (in order) into ``buffer``."""
+        indices, data = self._indices, self._data
+        if len(group) == 1:  # no copy for a lone list
+            ((start, end),) = group
+            np.add.at(buffer, indices[start:end], data[start:end])
+        else:
+            np.add.at(
+                buffer,
+                np.concatenate([indices[a:b] for a, b in group]),
+                np.concatenate([data[a:b] for a, b in group]),
+            )
 
     def _top_k_window(self, spans: list[tuple[int, int]], k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`top_k` on a one-block corpus: the whole buffer is the window."""

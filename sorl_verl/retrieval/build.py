@@ -35,9 +35,7 @@ from tqdm.auto import tqdm
 from sorl_verl.fileio import atomic_dir
 from sorl_verl.retrieval import _cli
 from sorl_verl.retrieval.corpus import CorpusFormatError, Document, _row_to_document, iter_corpus, open_text
-from sorl_verl.retrieval.store import DocsWriter, write_docs, write_meta
-
-METHODS = ("bm25", "dense", "pyserini")
+from sorl_verl.retrieval.store import METHODS, DocsWriter, write_docs, write_meta
 
 
 def _reread_for_errors(path: Path) -> None:
