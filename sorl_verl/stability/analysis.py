@@ -22,7 +22,7 @@ import csv
 import io
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
@@ -101,8 +101,12 @@ def run_result(
     )
 
 
-def load_results(sweep_dir: Path) -> tuple[list[RunResult], list[str]]:
-    """Every finished run of the sweep folder, in table order; and notes on the runs left out."""
+def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) -> tuple[list[RunResult], list[str]]:
+    """Every finished run of the sweep folder, in table order; and notes on the runs left out.
+
+    ``archives``: ``stability_runs.csv`` files of earlier sittings (:func:`archived_results`); their
+    runs join the table unless the sweep folder holds a finished run of the same name, which wins.
+    """
     import json
 
     from sorl_verl.stability.sweep import DONE_MARKER, RUN_RECORD
@@ -131,8 +135,83 @@ def load_results(sweep_dir: Path) -> tuple[list[RunResult], list[str]]:
             notes.append(f"{run.path.name}: no validation score, left out")
         else:
             results.append(result)
+    names = {r.name for r in results}
+    for path in archives:
+        archived = archived_results(path)
+        results += [r for r in archived if r.name not in names]
+        names |= {r.name for r in archived}
     results.sort(key=lambda r: (_pressure_order(r.pressure), _method_order(r.method), r.seed))
     return results, notes
+
+
+class ArchiveError(ValueError):
+    """A ``stability_runs.csv`` that cannot be read; the message names the file, row and field."""
+
+
+def _parse_curve(text: str) -> tuple[list[int], list[float]]:
+    pairs = [item.split(":") for item in text.split()]
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"expected 'step:score' pairs, got {text!r}")
+    return [int(step) for step, _ in pairs], [float(score) for _, score in pairs]
+
+
+def archived_results(path: Path) -> list[RunResult]:
+    """The runs of a ``stability_runs.csv`` (what :func:`runs_csv` writes) as results.
+
+    A sweep spans sittings, but run folders (checkpoints, metrics) are not kept in the repository;
+    the committed per-run table is. Its figures of merit are taken as written (full precision),
+    the curve at its 4 decimals; archived runs have no per-step metrics (``run`` is None), so the
+    diagnostics figure leaves them out. Raises :class:`ArchiveError` naming the row and field.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ArchiveError(f"{path}: cannot read the archived runs ({e.strerror or e})") from None
+    reader = csv.DictReader(io.StringIO(text))
+    required = ["run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed", "curve"]
+    missing = [c for c in required if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ArchiveError(f"{path}: not a stability_runs.csv (missing columns {missing})")
+    clip_fields = [(column, column.lower().replace(" ", "_")) for column, _ in CLIP_COLUMNS]
+    results = []
+    for line, row in enumerate(reader, start=2):
+        field_name = "run"
+        try:
+            if not row["run"]:
+                raise ValueError("empty")
+            values = {}
+            for field_name, parse in (("seed", int), ("warm", float), ("peak", float), ("final", float),
+                                      ("auc", float), ("collapsed", int)):  # fmt: skip
+                values[field_name] = parse(row[field_name])
+            field_name = "curve"
+            steps, scores = _parse_curve(row["curve"])
+            clip = {}
+            for column, key in clip_fields:
+                field_name = key
+                clip[column] = float(row[key]) if row.get(key) else None
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"{path}, row {line}, field {field_name!r}: {e}") from None
+        known = PRESSURES.get(row["pressure"])
+        results.append(
+            RunResult(
+                name=row["run"],
+                pressure=row["pressure"],
+                method=row["algo"],
+                label=row["method"],
+                seed=values["seed"],
+                steps=steps,
+                scores=scores,
+                warm=values["warm"],
+                peak=values["peak"],
+                final=values["final"],
+                auc=values["auc"],
+                collapsed=bool(values["collapsed"]),
+                clip=clip,
+                pressure_title=pressure_title(asdict(known)) if known else row["pressure"],
+            )
+        )
+    return results
 
 
 def pressure_title(pressure: dict) -> str:
@@ -425,11 +504,17 @@ def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
 # ---------------------------------------------------------------- the report
 
 
-def write_report(sweep_dir: Path) -> dict:
+def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) -> dict:
     """``stability.md``, ``stability.csv``, ``stability_runs.csv``, ``validation.png`` and
-    ``diagnostics.png`` in the sweep folder; returns what was written and the notes."""
+    ``diagnostics.png`` in the sweep folder; returns what was written and the notes.
+
+    ``archives``: earlier sittings' ``stability_runs.csv`` files, merged as :func:`load_results` says
+    (in the table, the runs CSV and the validation figure; not in the diagnostics figure)."""
     sweep_dir = Path(sweep_dir)
-    results, notes = load_results(sweep_dir)
+    results, notes = load_results(sweep_dir, archives)
+    archived = sum(r.run is None for r in results)
+    if archived:
+        notes.append(f"{archived} archived runs (no per-step metrics) are left out of diagnostics.png")
     written: dict[str, str] = {}
     if not results:
         return {"runs": 0, "written": written, "notes": notes or ["no finished runs"]}

@@ -91,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="table (markdown, CSV) and figures of a sweep folder's finished runs")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"sweep folder (default {DEFAULT_OUT})")
+    p.add_argument(
+        "--archive",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="stability_runs.csv of earlier sittings (e.g. docs/figures/stability/stability_runs.csv): their "
+        "runs join the table and the validation figure unless the sweep folder has a finished run of that name",
+    )
     return parser
 
 
@@ -133,8 +142,8 @@ def _dry_run(out: Path, specs) -> None:
         print(f"first pending run:\n  {env} \\\n  {shlex.join(launch_command(spec, run_dir(out, spec)))}")
 
 
-def _report(out: Path) -> int:
-    from sorl_verl.stability.analysis import write_report
+def _report(out: Path, archives: list[Path] | tuple[Path, ...] = ()) -> int:
+    from sorl_verl.stability.analysis import ArchiveError, write_report
 
     if not (out / "runs").is_dir():
         print(
@@ -142,7 +151,11 @@ def _report(out: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    info = write_report(out)
+    try:
+        info = write_report(out, archives)
+    except ArchiveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for note in info["notes"]:
         print(f"note: {note}", file=sys.stderr)
     if info["runs"]:
@@ -154,7 +167,7 @@ def _report(out: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "report":
-        return _report(args.out)
+        return _report(args.out, args.archive)
     from sorl_verl.stability.sweep import SweepError, run_sweep
 
     try:

@@ -227,8 +227,11 @@ def prepare_warm_start(sweep_dir: Path, seed: int, budget: Budget, log: Callable
     cmd = [sys.executable, "-m", "sorl_verl.quickstart", "prepare", str(warm), *prepare_args(seed, budget)]
     log(f"warm start, seed {seed}: python {' '.join(cmd[1:])} (log: {log_path})")
     started = time.time()
+    # torch threads as run_demo.sh's prepare step (PREPARE_THREADS, default 1): the sum order of
+    # SFT, hence the warm start's bits, depends on the thread count
+    env = {**os.environ, "OMP_NUM_THREADS": dict(budget.env).get("PREPARE_THREADS", "1")}
     with open(log_path, "a", encoding="utf-8") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, check=False)
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env, check=False)
     if done.returncode != 0 or not (warm / PREPARE_MARKER).is_file():
         tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
         raise SweepError(

@@ -391,3 +391,72 @@ def test_an_interrupted_launch_is_recorded_and_resumed(tmp_path):
     launcher = FakeLauncher()
     run_sweep(tmp_path, [spec], launch=launcher, log=quiet)
     assert launcher.calls == [spec.name] and run_status(tmp_path, spec) == "finished"
+
+
+@pytest.mark.parametrize(("env", "threads"), [((), "1"), ((("PREPARE_THREADS", "2"),), "2")])
+def test_the_warm_start_is_prepared_on_run_demos_torch_threads(tmp_path, monkeypatch, env, threads):
+    # run_demo.sh prepares with OMP_NUM_THREADS=$PREPARE_THREADS (default 1); the sweep's cached warm
+    # start must be made the same way, or it is not the quick start's model bit for bit
+    import sorl_verl.stability.sweep as sweep
+
+    seen = {}
+
+    def fake_run(cmd, env=None, **kwargs):
+        seen["env"] = env
+        warm = Path(cmd[cmd.index("prepare") + 1])
+        warm.mkdir(parents=True)
+        (warm / "prepare.json").write_text("{}")
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    sweep.prepare_warm_start(tmp_path, 1, Budget(env=env), quiet)
+    assert seen["env"]["OMP_NUM_THREADS"] == threads
+    assert seen["env"]["PATH"] == os.environ["PATH"]
+
+
+def test_an_archived_runs_csv_joins_the_table_and_a_run_folder_wins(tmp_path, capsys):
+    # sitting 1: two runs, their stability_runs.csv kept (the run folders are not)
+    first = tmp_path / "first"
+    specs = small_grid(methods=("grpo", "st_ppo"))
+    warm_start(first, 1)
+    curves = {"reuse_1x2__grpo__s1": {0: 0.4, 2: 0.5, 4: 0.1}, "reuse_1x2__st_ppo__s1": {0: 0.4, 2: 0.6, 4: 0.6}}
+    run_sweep(first, specs, launch=FakeLauncher(curves=curves, sorl={"st_ppo"}), log=quiet)
+    write_report(first)
+    archive = tmp_path / "stability_runs.csv"
+    archive.write_text((first / "stability_runs.csv").read_text())
+
+    # sitting 2, a fresh folder: seed 2 of both, and grpo seed 1 again (its folder beats the archive)
+    second = tmp_path / "second"
+    specs2 = small_grid(methods=("grpo", "st_ppo"), seeds=(1, 2))
+    for seed in (1, 2):
+        warm_start(second, seed)
+    rerun = {"reuse_1x2__grpo__s1": {0: 0.4, 2: 0.5, 4: 0.5}, "reuse_1x2__st_ppo__s2": {0: 0.4, 2: 0.6, 4: 0.8}}
+    run_sweep(second, [s for s in specs2 if s.name != "reuse_1x2__st_ppo__s1"], launch=FakeLauncher(curves=rerun),
+              log=quiet)  # fmt: skip
+    results, _ = load_results(second, [archive])
+    by_name = {r.name: r for r in results}
+    assert sorted(by_name) == sorted(s.name for s in specs2)
+    assert by_name["reuse_1x2__grpo__s1"].final == 0.5 and by_name["reuse_1x2__grpo__s1"].run is not None
+    archived = by_name["reuse_1x2__st_ppo__s1"]
+    assert archived.run is None and (archived.steps, archived.scores) == ([0, 2, 4], [0.4, 0.6, 0.6])
+    assert archived.clip["Turn clip"] == pytest.approx(0.05) and archived.label == "ST-PPO"
+    assert archived.pressure_title.startswith("reuse_1x2\n1 epoch x 2 mini-batches")
+
+    assert main(["report", "--out", str(second), "--archive", str(archive)]) == 0
+    err = capsys.readouterr().err
+    assert "1 archived runs (no per-step metrics) are left out of diagnostics.png" in err
+    merged = list(csv.DictReader(io.StringIO((second / "stability_runs.csv").read_text())))
+    assert len(merged) == 4  # the merged table is the next sitting's archive
+    cells = list(csv.DictReader(io.StringIO((second / "stability.csv").read_text())))
+    st_ppo = next(c for c in cells if c["algo"] == "st_ppo")
+    assert st_ppo["seeds"] == "1 2" and float(st_ppo["final_mean"]) == pytest.approx(0.7)
+
+    # a broken archive is named with its row and field, and nothing is written
+    lines = archive.read_text().splitlines()
+    archive.write_text("\n".join([lines[0], lines[1].replace(",0.4,", ",zero,", 1)]) + "\n")
+    assert main(["report", "--out", str(second), "--archive", str(archive)]) == 2
+    assert f"{archive}, row 2, field 'warm'" in capsys.readouterr().err
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert main(["report", "--out", str(second), "--archive", str(tmp_path / "other.csv")]) == 2
+    assert "not a stability_runs.csv" in capsys.readouterr().err
