@@ -9,9 +9,10 @@ For each size N, on the synthetic corpus of ``bench_retrieval.py`` (passages of 
 from the embedded Wikipedia corpus's word frequencies; queries are 5 distinct non-stopword words
 of a random passage), each step in a child process of its own:
 
-* ``sorl-index`` (the bounded build): wall time, peak resident memory (the child's ``VmHWM``,
-  which counts every page it touched, file pages included), and the
-  size on disk of the BM25 arrays and of ``docs.jsonl`` with its offset table;
+* ``sorl-index`` (the bounded build, in its default index layout: 2 since 2026-12-02, see
+  docs/retrieval.md): wall time, peak resident memory (the child's ``VmHWM``, which counts every
+  page it touched, file pages included), and the size on disk of the BM25 arrays and of
+  ``docs.jsonl`` with its offset table;
 * the retriever (``load_retriever``, what ``sorl-retriever`` serves): resident memory after
   loading and after 1,000 queries (total, anonymous, and mapped-file pages, from /proc), and
   queries/s in batches of 512, top-3, on 1 and on 2 search threads (best of 3 passes over 1,024
@@ -218,6 +219,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
             "docs_bytes": folder_bytes(index) - folder_bytes(index / "bm25"),
             "vocab": meta["bm25"]["vocab_size"],
             "postings": meta["bm25"]["postings"],
+            "layout": meta["bm25"].get("layout", 1),
             "load_avg_build": (load_before + os.getloadavg()[0]) / 2,
             "build_measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         }
@@ -230,6 +232,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
     else:
         row = {k: saved.get(k, float("nan")) for k in BUILD_COLUMNS}  # build_cpu_s: not in older rows
         row["build_measured"] = saved.get("build_measured", "?")
+        row["layout"] = saved.get("layout", 1)
     queries_path = work / f"queries_{passages}.json"
     queries_path.write_text(json.dumps(synthetic_queries(corpus, WARM_QUERIES + TIMED_QUERIES)))
     load_before = os.getloadavg()[0]
@@ -431,7 +434,9 @@ def main() -> None:
     projected = projections(rows)
     built = sorted(r.get("build_measured", "?") for r in rows)
     searched = sorted(r["measured"] for r in rows)
+    layouts = ", ".join(sorted({str(r.get("layout", 1)) for r in rows}))
     context = (
+        f"BM25 index layout {layouts} (docs/retrieval.md). "
         f"Builds finished {built[0]} to {built[-1]}, searches measured {searched[0]} to {searched[-1]}, "
         f"by `python benchmarks/bench_bm25_scale.py --scale "
         f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {', '.join(sorted({str(r.get('nice', '?')) for r in rows}))}) on {os.cpu_count()} CPU cores "

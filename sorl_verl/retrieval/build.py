@@ -82,7 +82,7 @@ def build_index(
     """Build a ``method`` index of the corpus JSONL into ``index_dir``; returns ``index_dir``.
 
     ``opts`` go to :func:`sorl_verl.retrieval.bm25.build_bm25` (``k1``, ``b``, ``stemmer``,
-    ``stopwords``, ``chunk_docs``, ``block_postings``), :func:`sorl_verl.retrieval.dense.build_dense`
+    ``stopwords``, ``chunk_docs``, ``block_postings``, ``layout``), :func:`sorl_verl.retrieval.dense.build_dense`
     (``encoder``, ``faiss_type``, ``hnsw_m``, ``ef_construction``, ``ef_search``, ``batch_size``,
     ``max_length``) or :func:`sorl_verl.retrieval.lucene.build_lucene` (``k1``, ``b``, ``threads``).
     A pyserini build raises :class:`~sorl_verl.retrieval.lucene.PyseriniUnavailable` (an
@@ -168,6 +168,13 @@ def main(argv: list[str] | None = None) -> None:
         default=8_000_000,
         help="postings scored per block (pass 2; about 40 bytes each in memory)",
     )
+    bm25.add_argument(
+        "--bm25-layout",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="index files: 2 (ours: about 4 bytes a posting, memory-mapped vocabulary) or 1 (bm25s's own, 8 bytes a posting)",
+    )
     lucene = parser.add_argument_group(
         "pyserini (pip install 'sorl-verl[pyserini]' && pip install --no-deps pyserini==0.25.0; Java 11+)"
     )
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             "stopwords": None if args.stopwords == "none" else args.stopwords,
             "chunk_docs": args.chunk_docs,
             "block_postings": args.block_postings,
+            "layout": args.bm25_layout,
         }
     elif args.method == "pyserini":
         opts = {"k1": args.k1, "b": args.b, "threads": args.lucene_threads}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sorl_verl.retrieval import IndexFormatError, build_index, embedded_corpus_path, load_retriever
-from sorl_verl.retrieval.bm25 import BM25_DIR, BM25Retriever, build_bm25, build_bm25_in_memory
+from sorl_verl.retrieval.bm25 import BM25_DIR, BM25Retriever, _read_index, build_bm25, build_bm25_in_memory
 from sorl_verl.retrieval.build import main as sorl_index_main
 from sorl_verl.retrieval.build import stream_corpus
 from sorl_verl.retrieval.corpus import CorpusFormatError, iter_corpus
@@ -39,12 +39,26 @@ def corpus_rows():
 
 
 @pytest.fixture(scope="module")
-def both_indexes(corpus_rows, tmp_path_factory):
-    """The same corpus indexed by ``sorl-index`` (bounded build, small chunks and blocks so that
-    every code path runs many times) and, in the former layout, by bm25s's in-memory build."""
-    root = tmp_path_factory.mktemp("scale")
-    corpus = root / "corpus.jsonl"
+def corpus_file(corpus_rows, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("scale_corpus") / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in corpus_rows), encoding="utf-8")
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def layout1_index(corpus_file, tmp_path_factory):
+    """The corpus indexed by ``sorl-index`` in layout 1 (bm25s's files), small chunks and blocks."""
+    out = tmp_path_factory.mktemp("scale_layout1") / "bounded"
+    return build_index(corpus_file, out, show_progress=False, chunk_docs=128, block_postings=5_000, layout=1)
+
+
+@pytest.fixture(scope="module")
+def both_indexes(corpus_rows, corpus_file, tmp_path_factory):
+    """The same corpus indexed by ``sorl-index`` (bounded build in its default layout 2, small chunks
+    and blocks so that every code path runs many times) and, in the former layout, by bm25s's
+    in-memory build."""
+    root = tmp_path_factory.mktemp("scale")
+    corpus = corpus_file
     bounded = build_index(corpus, root / "bounded", show_progress=False, chunk_docs=128, block_postings=5_000)
     legacy = root / "legacy"
     (legacy / BM25_DIR).mkdir(parents=True)
@@ -56,8 +70,8 @@ def both_indexes(corpus_rows, tmp_path_factory):
     return bounded, legacy
 
 
-def test_bounded_build_writes_the_same_arrays_as_bm25s(both_indexes):
-    bounded, legacy = (index / BM25_DIR for index in both_indexes)
+def test_bounded_build_writes_the_same_arrays_as_bm25s(layout1_index, both_indexes):
+    bounded, legacy = layout1_index / BM25_DIR, both_indexes[1] / BM25_DIR
     vocab = json.loads((bounded / "vocab.index.json").read_text(encoding="utf-8"))
     assert vocab == json.loads((legacy / "vocab.index.json").read_text(encoding="utf-8"))
     assert list(vocab.values()) == list(range(len(vocab))) and vocab[""] == 0
@@ -121,9 +135,12 @@ def test_threaded_search_equals_serial_search(both_indexes):
 def test_in_memory_arrays_search_like_mapped_ones(both_indexes):
     index = both_indexes[0]
     meta = json.loads((index / "meta.json").read_text())
-    mapped, loaded = BM25Retriever(index, meta, mmap=True), BM25Retriever(index, meta, mmap=False, search_threads=1)
-    assert isinstance(mapped._data.base, np.memmap) and not mapped._data.flags.writeable
-    assert not isinstance(loaded._data, np.memmap) and not isinstance(loaded._data.base, np.memmap)
+    mapped = BM25Retriever(index, meta, mmap=True, decode_postings=0)  # layout 2's arrays, not decoded at load
+    loaded = BM25Retriever(index, meta, mmap=False, search_threads=1, decode_postings=0)
+    for array_ in (mapped._index.codes, mapped._index.lows, mapped._index._segstart, mapped._index._terms._slots):
+        assert isinstance(array_.base, np.memmap) and not array_.flags.writeable
+    for array_ in (loaded._index.codes, loaded._index.lows, loaded._index._segstart, loaded._index._terms._slots):
+        assert not isinstance(array_, np.memmap) and not isinstance(array_.base, np.memmap)
     queries = [q.text for q in load_questions(embedded_corpus_path())[:100]]
     assert mapped.search(queries, topk=5) == loaded.search(queries, topk=5)
 
@@ -143,7 +160,7 @@ def test_build_reads_the_corpus_a_chunk_at_a_time(tmp_path):
     ours = build_bm25(contents(), tmp_path / "bounded", chunk_docs=100, block_postings=64, show_progress=False)
     theirs = build_bm25_in_memory(texts, tmp_path / "memory", show_progress=False)
     assert ours["bm25"]["vocab_size"] == theirs["bm25"]["vocab_size"] > 1000
-    data = [np.load(tmp_path / kind / BM25_DIR / "data.csc.index.npy") for kind in ("bounded", "memory")]
+    data = [_read_index(tmp_path / kind / BM25_DIR, mmap=False)[1].csc()[0] for kind in ("bounded", "memory")]
     assert ours["bm25"]["postings"] == len(data[0]) and np.array_equal(*data)
     assert not scratch.exists()
 
@@ -259,7 +276,7 @@ def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
             got_rows, got_scores = many_blocks.top_k(token_ids, k)  # the dispatcher, as searches use it
             assert got_rows.tolist() == expected[0] and np.array_equal(got_scores, expected[1]), query
             if spans:
-                used["sparse" if sum(e - s for s, e in spans) <= bm25.SPARSE_POSTINGS else "blocked"] += 1
+                used["sparse" if sum(map(len, spans)) <= bm25.SPARSE_POSTINGS else "blocked"] += 1
     assert used["sparse"] > 0 and used["blocked"] > 0  # both multi-block paths ran
     assert not one_block._buffer().any() and not many_blocks._buffer().any()  # left zeroed
     assert one_block.search(questions, topk=3) == many_blocks.search(questions, topk=3)
