@@ -443,7 +443,8 @@ def main() -> None:
         f"shared with other jobs (load averages in the table). Synthetic passages of 100 words from the "
         f"embedded corpus's word frequencies, titled `Synthetic i`: the title's number is a term of its own, "
         f"so the vocabulary grows by one term a passage (21M terms at 21M passages), faster than a real "
-        f"corpus's; what grows with the vocabulary (the build's term tables, the retriever's vocabulary dict) "
+        f"corpus's; what grows with the vocabulary (the build's term tables; the retriever's vocabulary: a "
+        f"dict in layout 1, mapped tables in layout 2) "
         f"is projected high rather than low."
     )
     n = min(args.scale)
