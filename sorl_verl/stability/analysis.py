@@ -144,6 +144,16 @@ def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     return results, notes
 
 
+def csv_key(column: str) -> str:
+    """``"Token clip"`` -> ``"token_clip"``: a table column's name in the CSV files."""
+    return column.lower().replace(" ", "_")
+
+
+# stability_runs.csv: what runs_csv writes and archived_results reads
+RUN_FIELDS = ("run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed")
+RUNS_CSV_COLUMNS = (*RUN_FIELDS, *(csv_key(c) for c, _ in CLIP_COLUMNS), "curve")
+
+
 class ArchiveError(ValueError):
     """A ``stability_runs.csv`` that cannot be read; the message names the file, row and field."""
 
@@ -169,11 +179,11 @@ def archived_results(path: Path) -> list[RunResult]:
     except OSError as e:
         raise ArchiveError(f"{path}: cannot read the archived runs ({e.strerror or e})") from None
     reader = csv.DictReader(io.StringIO(text))
-    required = ["run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed", "curve"]
+    required = [*RUN_FIELDS, "curve"]  # the clip columns may be empty, so may be absent
     missing = [c for c in required if c not in (reader.fieldnames or [])]
     if missing:
         raise ArchiveError(f"{path}: not a stability_runs.csv (missing columns {missing})")
-    clip_fields = [(column, column.lower().replace(" ", "_")) for column, _ in CLIP_COLUMNS]
+    clip_fields = [(column, csv_key(column)) for column, _ in CLIP_COLUMNS]
     results = []
     for line, row in enumerate(reader, start=2):
         field_name = "run"
@@ -329,7 +339,7 @@ def _num(value: float | None) -> str:
 
 def to_csv(cells: list[Cell]) -> str:
     """Full precision; ``*_std`` empty below two seeds."""
-    keys = [k.lower().replace(" ", "_") for k in STAT_COLUMNS]
+    keys = [csv_key(k) for k in STAT_COLUMNS]
     header = ["pressure", "method", "algo", "seeds", "collapsed"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")]
     rows = [header]
     for c in cells:
@@ -340,9 +350,7 @@ def to_csv(cells: list[Cell]) -> str:
 
 def runs_csv(results: list[RunResult]) -> str:
     """One row per run: its figures of merit and its validation curve (``step:score`` pairs)."""
-    header = ["run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed"]
-    header += [k.lower().replace(" ", "_") for k, _ in CLIP_COLUMNS] + ["curve"]
-    rows = [header]
+    rows = [list(RUNS_CSV_COLUMNS)]
     for r in results:
         curve = " ".join(f"{s}:{v:.4f}" for s, v in zip(r.steps, r.scores, strict=True))
         rows.append(
