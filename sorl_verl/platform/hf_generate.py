@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +101,10 @@ def sample_next_token(
     Returns:
         ``(tokens (batch,), log_probs (batch,))`` with log-probs under
         ``log_softmax(logits / temperature)`` (raw logits for greedy rows).
+
+    Sampling is by inverse CDF (one uniform per row). When no row asks for top-k or top-p
+    (the quick start's case) the vocabulary is not sorted: sorting was the largest cost of
+    a decoding step of the tiny models (the distribution is the same either way).
     """
     logits = logits.float()
     vocab = logits.shape[-1]
@@ -106,18 +112,28 @@ def sample_next_token(
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / scale[:, None]
     full_log_probs = torch.log_softmax(scaled, dim=-1)
-
-    sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    # the most likely token always survives, so every row keeps a finite logit
-    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p[:, None]) & (ranks[None, :] > 0), float("-inf"))
-    choice = torch.multinomial(torch.softmax(sorted_logits, dim=-1), 1, generator=generator).squeeze(-1)
-    choice = torch.where(greedy, torch.zeros_like(choice), choice)
-    tokens = sorted_index.gather(-1, choice[:, None]).squeeze(-1)
+    filtered = bool(((top_k > 0) & (top_k < vocab)).any() or (top_p < 1.0).any())
+    if filtered:
+        candidates, order = scaled.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=logits.device)
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        candidates = candidates.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+        sorted_probs = torch.softmax(candidates, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # the most likely token always survives, so every row keeps a finite logit
+        candidates = candidates.masked_fill((mass_before >= top_p[:, None]) & (ranks[None, :] > 0), float("-inf"))
+        probs = torch.softmax(candidates, dim=-1)
+    else:
+        probs = full_log_probs.exp()
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=logits.device) * cdf[:, -1:]
+    # the first index whose cumulative mass exceeds u: a zero-probability token is never chosen
+    choice = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=vocab - 1)
+    if filtered:
+        choice = torch.where(greedy, torch.zeros_like(choice), choice)
+        tokens = order.gather(-1, choice[:, None]).squeeze(-1)
+    else:
+        tokens = torch.where(greedy, scaled.argmax(dim=-1), choice)
     return tokens, full_log_probs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -125,6 +141,34 @@ def _stop_window(stops: list[str]) -> int:
     # a token decodes to >= 1 byte and a character is <= 4 bytes: this many trailing tokens
     # always contain a stop string completed by the newest token.
     return 4 * max(len(s) for s in stops) + 1
+
+
+# per tokenizer: {(vocab_size, stop strings): flags}
+_STOP_CANDIDATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stop_candidates(tokenizer: Any, vocab_size: int, stops: Sequence[str]) -> list[bool]:
+    """``vocab_size`` flags: the tokens that can complete one of ``stops`` (cached per tokenizer).
+
+    A stop string completed by the newest token ends inside that token's text, so the token's
+    own decoding contains the string's last character, unless the token holds only part of a
+    multi-byte character (it then decodes to U+FFFD) or decodes to nothing visible. Tokens
+    outside these sets cannot complete a stop string, and the decoding loop skips the text
+    check for them (it decoded a window of every row at every step before).
+    """
+    cache = _STOP_CANDIDATES.setdefault(tokenizer, {})
+    key = (vocab_size, tuple(stops))
+    if key not in cache:
+        last_chars = {stop[-1] for stop in stops if stop}
+        flags = []
+        for token_id in range(vocab_size):
+            try:
+                text = tokenizer.decode([token_id], skip_special_tokens=False)
+            except Exception:  # noqa: BLE001 - ids the tokenizer cannot decode: check them
+                text = None
+            flags.append(text is None or not text.strip() or "\ufffd" in text or any(c in text for c in last_chars))
+        cache[key] = flags
+    return cache[key]
 
 
 @torch.no_grad()
@@ -188,6 +232,7 @@ def generate_batch(
     log_probs: list[list[float]] = [[] for _ in range(batch)]
     aborted = torch.zeros_like(finished)
     stop_rows = [row for row, r in enumerate(requests) if r.stop]
+    stop_check = {row: stop_candidates(tokenizer, end_ids.shape[1], requests[row].stop) for row in stop_rows}
     steps = int(max_tokens.max().item())
     step_started = time.monotonic()
     for step in range(steps):
@@ -198,17 +243,22 @@ def generate_batch(
             aborted = ~finished
             break
         tokens, token_log_probs = sample_next_token(logits, temperature, top_k, top_p, generator)
-        active = (~finished).nonzero().squeeze(-1).tolist()
+        finished_list = finished.tolist()
         token_list, lp_list = tokens.tolist(), token_log_probs.tolist()
-        for row in active:
-            generated[row].append(token_list[row])
-            log_probs[row].append(lp_list[row])
+        for row in range(batch):
+            if not finished_list[row]:
+                generated[row].append(token_list[row])
+                log_probs[row].append(lp_list[row])
         newly_done = end_ids.gather(-1, tokens[:, None]).squeeze(-1)
-        for row in stop_rows:
-            if not finished[row] and not newly_done[row]:
+        if stop_rows:
+            done_list = newly_done.tolist()
+            for row in stop_rows:
+                if finished_list[row] or done_list[row] or not stop_check[row][token_list[row]]:
+                    continue
                 window = generated[row][-_stop_window(requests[row].stop) :]
                 text = tokenizer.decode(window, skip_special_tokens=False)
-                newly_done[row] = any(s in text for s in requests[row].stop)
+                if any(s in text for s in requests[row].stop):
+                    newly_done[row] = True
         hit_length = (max_tokens <= step + 1) & ~newly_done
         length_capped |= hit_length & ~finished
         finished = finished | newly_done | hit_length

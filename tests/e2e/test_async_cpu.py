@@ -12,10 +12,11 @@ Two runs of 3 steps (2 prompts x 2 samples per step, the ``search_r1`` loop, the
 In ``colocate_async`` the first step's batch and the warm-up batch are generated together;
 ``rollout.max_num_seqs=1`` (the server serves one request at a time, first come first served,
 so the older batch's last turns finish four turns before the newer batch's) and
-``rollout.engine_kwargs.hf.min_step_s=0.03`` (a decoding step lasts at least 30 ms, as for a
-larger model; a turn >= 0.7 s) make that gap longer than verl's replay-buffer poll (2 s): the
+``rollout.engine_kwargs.hf.min_step_s=0.06`` (a decoding step lasts at least 60 ms, as for a
+larger model; a turn >= 1.4 s) make that gap longer than verl's replay-buffer poll (2 s): the
 newer batch is still running when sampling ends, is aborted, and is continued under the new
-weights (partial rollouts), then trained at step 2. In ``separate_async`` the rollout never
+weights (partial rollouts), then trained at step 2 (at 30 ms, a gap of about 2.8 s, a fresh-clone CI run on a loaded machine once
+saw no trajectory continued across versions: the margin over the poll is now about 2.8x). In ``separate_async`` the rollout never
 stops for training, so whether a sync interrupts a trajectory depends on the training step's
 duration: the run reports it but does not require it. Each run checks: stale trajectories were trained on, the
 rollout's weights were synced every step, every trained trajectory was generated once and
@@ -47,7 +48,7 @@ COMMON = [
     "trainer.total_epochs=3",
     "trainer.save_freq=-1",
     "actor_rollout_ref.rollout.max_num_seqs=1",
-    "+actor_rollout_ref.rollout.engine_kwargs.hf.min_step_s=0.03",
+    "+actor_rollout_ref.rollout.engine_kwargs.hf.min_step_s=0.06",
 ]
 
 
