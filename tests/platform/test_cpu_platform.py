@@ -329,3 +329,54 @@ def test_server_batches_concurrent_requests_and_swaps_weights(tiny):
         torch.tensor(after.log_probs), torch.full((len(after.token_ids),), -torch.log(torch.tensor(float(vocab))))
     )
     assert after.extra_fields["global_steps"] == 3
+
+
+def test_unfiltered_sampling_follows_the_softmax_and_never_picks_a_masked_token():
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")]]).repeat(20000, 1)
+    n = logits.shape[0]
+    tokens, log_probs = sample_next_token(
+        logits, torch.ones(n), torch.full((n,), -1), torch.ones(n), torch.Generator().manual_seed(0)
+    )
+    expected = torch.softmax(logits[0], -1)
+    counts = torch.bincount(tokens, minlength=4).float() / n
+    assert counts[3] == 0
+    # 20000 draws: the standard error of a share is at most 0.0036
+    torch.testing.assert_close(counts, expected, atol=0.015, rtol=0)
+    torch.testing.assert_close(log_probs, expected.log()[tokens])
+    # the filtered (sorted) path agrees in distribution: top_p just below 1 keeps all three
+    tokens_sorted, _ = sample_next_token(
+        logits, torch.ones(n), torch.full((n,), -1), torch.full((n,), 0.9999), torch.Generator().manual_seed(1)
+    )
+    torch.testing.assert_close(torch.bincount(tokens_sorted, minlength=4).float() / n, expected, atol=0.015, rtol=0)
+
+
+def test_stop_strings_end_sampled_text_where_a_full_decode_first_contains_them(tiny):
+    # the stop check runs only for tokens that can complete a stop: on sampled text, the output
+    # must still end exactly at the first token whose prefix decodes to a text holding the stop
+    _, model, tok = tiny
+    free = generate_batch(
+        model,
+        tok,
+        [GenerationRequest(prompt_ids=tok.encode("Question"), max_tokens=60, ignore_eos=True)],
+        [],
+        0,
+        torch.Generator().manual_seed(3),
+    )[0]
+    text = tok.decode(free.token_ids)
+    checked = 0
+    for start in range(0, len(text) - 3, 5):
+        stop = text[start : start + 3]
+        if not stop.strip():
+            continue
+        expected = next(i for i in range(1, len(free.token_ids) + 1) if stop in tok.decode(free.token_ids[:i]))
+        stopped = generate_batch(
+            model,
+            tok,
+            [GenerationRequest(prompt_ids=tok.encode("Question"), max_tokens=60, ignore_eos=True, stop=[stop])],
+            [],
+            0,
+            torch.Generator().manual_seed(3),
+        )[0]
+        assert stopped.token_ids == free.token_ids[:expected], stop
+        checked += 1
+    assert checked >= 5
