@@ -15,9 +15,9 @@ so the older batch's last turns finish four turns before the newer batch's) and
 ``rollout.engine_kwargs.hf.min_step_s=0.06`` (a decoding step lasts at least 60 ms, as for a
 larger model; a turn >= 1.4 s) make that gap longer than verl's replay-buffer poll (2 s): the
 newer batch is still running when sampling ends, is aborted, and is continued under the new
-weights (partial rollouts), then trained at step 2 (at 30 ms, a gap of about 2.8 s, a fresh-clone CI run on a loaded machine once
-saw no trajectory continued across versions: the margin over the poll is now about 2.8x). In ``separate_async`` the rollout never
-stops for training, so whether a sync interrupts a trajectory depends on the training step's
+weights (partial rollouts), then trained at step 2. (At 30 ms the gap was about 2.8 s, and a
+fresh-clone CI run on a loaded machine once had no trajectory continued from version 0 to 1; at
+60 ms it is about 5.6 s, 2.8x the poll.) In ``separate_async`` the rollout never stops for training, so whether a sync interrupts a trajectory depends on the training step's
 duration: the run reports it but does not require it. Each run checks: stale trajectories were trained on, the
 rollout's weights were synced every step, every trained trajectory was generated once and
 trained once (nothing lost or duplicated across an abort), and the response masks of the
