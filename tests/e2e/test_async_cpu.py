@@ -17,8 +17,9 @@ larger model; a turn >= 1.4 s) make that gap longer than verl's replay-buffer po
 newer batch is still running when sampling ends, is aborted, and is continued under the new
 weights (partial rollouts), then trained at step 2. (At 30 ms the gap was about 2.8 s, and a
 fresh-clone CI run on a loaded machine once had no trajectory continued from version 0 to 1; at
-60 ms it is about 5.6 s, 2.8x the poll.) In ``separate_async`` the rollout never stops for training, so whether a sync interrupts a trajectory depends on the training step's
-duration: the run reports it but does not require it. Each run checks: stale trajectories were trained on, the
+60 ms it is about 5.6 s, 2.8x the poll.) In ``separate_async`` the rollout never stops for
+training, so whether a sync interrupts a trajectory depends on the training step's duration: the
+run reports it but does not require it. Each run checks: stale trajectories were trained on, the
 rollout's weights were synced every step, every trained trajectory was generated once and
 trained once (nothing lost or duplicated across an abort), and the response masks of the
 trajectories continued across an abort mark exactly the generated tokens.
