@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,16 +137,17 @@ def build_warm_start(
     extra_tokens: Sequence[str],
     make_examples: Callable[[object], list[SFTExample]],
     show_progress: bool = True,
+    model_dir: Path | None = None,
 ) -> tuple[Path, dict]:
-    """The tiny model and tokenizer in ``run_dir/model`` (BPE trained on ``texts``, ``extra_tokens``
-    single tokens), then SFT on ``make_examples(tokenizer)``; returns the folder and its stats."""
+    """The tiny model and tokenizer in ``model_dir`` (default ``run_dir/model``; BPE trained on ``texts``,
+    ``extra_tokens`` single tokens), then SFT on ``make_examples(tokenizer)``; returns the folder and its stats."""
     from transformers import AutoTokenizer
 
     from sorl_verl.models.tiny import build_tiny_model
     from sorl_verl.quickstart.sft import train_sft
 
     model_dir = build_tiny_model(
-        run_dir / "model",
+        model_dir or run_dir / "model",
         texts=texts,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -174,37 +177,71 @@ def build_warm_start(
     }
 
 
-def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
-    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats."""
-    from sorl_verl.quickstart.sft import tokenize_trajectory
+@dataclass
+class SearchExamples:
+    """The search task's SFT examples for a tokenizer (a picklable ``make_examples``: a retry may run
+    in a child process). ``segments[i]`` is ``facts[i]``'s demonstration."""
 
+    facts: list[Fact]
+    segments: list[list[tuple[str, bool]]]
+    max_obs_length: int
+
+    def __call__(self, tokenizer) -> list[SFTExample]:
+        from sorl_verl.quickstart.sft import tokenize_trajectory
+
+        return [
+            tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, self.max_obs_length)
+            for f, demo in zip(self.facts, self.segments, strict=True)
+        ]
+
+
+def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
+    """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats.
+
+    A warm start whose copy accuracy is under :data:`MIN_COPY_ACCURACY` is redone once from a fresh
+    initialization (seed + :data:`RETRY_SEED_OFFSET`). With one torch thread and a spare core (the quick
+    start's ``PREPARE_THREADS=1`` on 2 cores) the retry is trained *beside* the first attempt in a child
+    process, and dropped if the first attempt copies: the same warm start as in turn (each attempt is
+    single-threaded, so bit for bit the same), in the time of one attempt instead of two.
+    """
     sft_facts = [f for f in facts if f.split == "sft"]
     kinds = plan_demonstrations(len(sft_facts), cfg.guess_fraction, seed=cfg.seed)
     segments = demonstration_segments(sft_facts, run_dir / "task" / "index", cfg.topk, kinds)
     texts = [f.question for f in facts] + [f.document_text for f in facts]
     texts += [text for demo in segments for text, _ in demo]
-
-    def make_examples(tokenizer) -> list[SFTExample]:
-        return [
-            tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
-            for f, demo in zip(sft_facts, segments, strict=True)
-        ]
-
     extra_tokens = (*SEARCH_R1_TAGS, *made_up_words(facts))
-    held_out = [f for f in facts if f.split == "train"]
-    copies: list[float] = []
-    for attempt in range(1 + SFT_RETRIES):
-        # a retry starts from a fresh initialization with another SFT seed (same data and settings)
-        attempt_cfg = replace(cfg, seed=cfg.seed + RETRY_SEED_OFFSET * attempt)
-        model_dir, stats = build_warm_start(run_dir, attempt_cfg, texts, extra_tokens, make_examples, show_progress)
-        copies.append(copy_accuracy(model_dir, held_out, run_dir / "task" / "index", cfg))
-        if not copies[-1] < MIN_COPY_ACCURACY or attempt == SFT_RETRIES:
-            break
-        print(
-            f"warm start: copy accuracy {copies[-1]:.0%} < {MIN_COPY_ACCURACY:.0%} after {cfg.sft_steps} SFT steps; "
-            f"SFT again from a fresh initialization (seed {cfg.seed + RETRY_SEED_OFFSET * (attempt + 1)})",
-            file=sys.stderr,
-        )
+    attempt = partial(
+        warm_start_attempt,
+        run_dir,
+        texts=texts,
+        extra_tokens=extra_tokens,
+        make_examples=SearchExamples(sft_facts, segments, cfg.max_obs_length),
+        held_out=[f for f in facts if f.split == "train"],
+    )
+    configs = [replace(cfg, seed=cfg.seed + RETRY_SEED_OFFSET * a) for a in range(1 + SFT_RETRIES)]
+    beside = SFT_RETRIES == 1 and retry_beside_first()
+    retry = SpeculativeAttempt(attempt, configs[1], run_dir / RETRY_DIR) if beside else None
+    results: list[tuple[dict, float]] = []
+    try:
+        for number, attempt_cfg in enumerate(configs):
+            if number == 1 and retry is not None:
+                results.append(retry.result())
+                retry.install(run_dir / "model")
+            else:
+                results.append(attempt(attempt_cfg, show_progress=show_progress))
+            copy = results[-1][1]
+            if not copy < MIN_COPY_ACCURACY or number == SFT_RETRIES:
+                break
+            print(
+                f"warm start: copy accuracy {copy:.0%} < {MIN_COPY_ACCURACY:.0%} after {cfg.sft_steps} SFT steps; "
+                f"{'the retry trained beside it from' if retry else 'SFT again from'} a fresh initialization "
+                f"(seed {configs[number + 1].seed})",
+                file=sys.stderr,
+            )
+    finally:
+        if retry is not None:
+            retry.discard()
+    stats, copies = results[-1][0], [copy for _, copy in results]
     return {
         **stats,
         "sft_guess_examples": kinds.count(GUESS),
@@ -212,7 +249,107 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
         "copy_accuracy": copies[-1],
         "sft_attempts": len(copies),
         "copy_accuracy_per_attempt": copies,
+        "sft_retry_beside_first": beside,
     }
+
+
+def warm_start_attempt(
+    run_dir: Path,
+    cfg: PrepareConfig,
+    texts: list[str],
+    extra_tokens: Sequence[str],
+    make_examples: SearchExamples,
+    held_out: list[Fact],
+    show_progress: bool = True,
+    model_dir: Path | None = None,
+) -> tuple[dict, float]:
+    """One warm start (:func:`build_warm_start` into ``model_dir``) and its :func:`copy_accuracy` on
+    ``held_out`` (the task's index in ``run_dir``): ``(stats, copy accuracy)``."""
+    model_dir, stats = build_warm_start(run_dir, cfg, texts, extra_tokens, make_examples, show_progress, model_dir)
+    return stats, copy_accuracy(model_dir, held_out, run_dir / "task" / "index", cfg)
+
+
+def retry_beside_first() -> bool:
+    """Whether the retry can train beside the first attempt: torch on one thread (so two attempts take
+    two cores and each gives the bits it gives alone) and at least two cores for this process."""
+    import torch
+
+    return torch.get_num_threads() == 1 and len(os.sched_getaffinity(0)) >= 2
+
+
+# the retry's folder while it trains beside the first attempt (removed afterwards)
+RETRY_DIR = "model.retry"
+
+
+class SpeculativeAttempt:
+    """``attempt(cfg, show_progress=False, model_dir=folder/"model")`` started now in a child process
+    (spawned, one torch thread), for a result that may never be needed: :meth:`result` waits for it,
+    :meth:`install` moves its model into place, :meth:`discard` stops the child and removes ``folder``.
+    If the child fails, :meth:`result` runs the attempt here instead (a warning says why)."""
+
+    def __init__(self, attempt: Callable[..., tuple[dict, float]], cfg, folder: Path):
+        import multiprocessing
+
+        self.attempt, self.cfg, self.folder = attempt, cfg, folder
+        shutil.rmtree(folder, ignore_errors=True)  # a killed earlier run's leftovers
+        context = multiprocessing.get_context("spawn")
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_run_speculative, args=(send, attempt, cfg, folder / "model"), daemon=True
+        )
+        self._process.start()
+        send.close()
+
+    def result(self) -> tuple[dict, float]:
+        try:
+            outcome = self._receive.recv()
+        except EOFError:  # the child died without a word (killed, out of memory)
+            outcome = None
+        self._process.join()
+        if outcome is None:
+            outcome = ("error", f"the child process ended with exit code {self._process.exitcode}")
+        if outcome[0] == "ok":
+            return outcome[1]
+        print(f"warning: the retry trained beside the first attempt failed ({outcome[1]}); running it now", file=sys.stderr)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return self.attempt(self.cfg, show_progress=False, model_dir=self.folder / "model")
+
+    def install(self, model_dir: Path) -> None:
+        """Replace ``model_dir`` by the retry's model (the old folder is removed once the new one is in place)."""
+        old = model_dir.with_name(model_dir.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if model_dir.exists():
+            os.replace(model_dir, old)
+        os.replace(self.folder / "model", model_dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._receive.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _run_speculative(send, attempt, cfg, model_dir: Path) -> None:
+    """Child process body of :class:`SpeculativeAttempt`: one torch thread, stop with the parent."""
+    import signal
+
+    import torch
+
+    torch.set_num_threads(1)
+    try:  # Linux: receive SIGTERM if the parent dies (a killed prepare leaves no SFT running)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    try:
+        send.send(("ok", attempt(cfg, show_progress=False, model_dir=model_dir)))
+    except Exception as error:  # noqa: BLE001 - reported to the parent, which runs the attempt itself
+        send.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        send.close()
 
 
 # A warm start below this copy accuracy makes a demo whose RL has (almost) nothing to learn from.

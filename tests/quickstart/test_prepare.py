@@ -155,3 +155,78 @@ def test_a_warm_start_that_copies_is_kept_at_the_first_attempt(tmp_path, monkeyp
     info = prepare(tmp_path / "run", tiny_config(sizes={"sft": 8, "train": 4, "val": 4}, seed=7), show_progress=False)
     assert seeds == [7] and info["sft_attempts"] == 1 and info["copy_accuracy"] == 0.9
     assert info["config"]["seed"] == 7
+
+
+def model_tensors(model_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_the_retry_trained_beside_the_first_attempt_gives_the_serial_warm_start(tmp_path, monkeypatch):
+    """Both attempts fail the copy check (3 SFT steps): the child's retry is installed, bit for bit the
+    model that the retry made in turn gives, with the same record, and its folder is gone."""
+    import torch
+
+    import sorl_verl.quickstart.prepare as prep
+
+    cfg = tiny_config(seed=5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the child: each attempt on one thread
+    try:
+        monkeypatch.setattr(prep, "retry_beside_first", lambda: False)
+        serial = prepare(tmp_path / "serial", cfg, show_progress=False)
+        monkeypatch.setattr(prep, "retry_beside_first", lambda: True)
+        beside = prepare(tmp_path / "beside", cfg, show_progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert serial["sft_attempts"] == beside["sft_attempts"] == 2
+    assert (serial["sft_retry_beside_first"], beside["sft_retry_beside_first"]) == (False, True)
+    assert serial["copy_accuracy_per_attempt"] == beside["copy_accuracy_per_attempt"]
+    assert serial["sft_loss_last10"] == beside["sft_loss_last10"]
+    a, b = model_tensors(tmp_path / "serial" / "model"), model_tensors(tmp_path / "beside" / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "serial" / "model" / "tokenizer.json").read_bytes() == (
+        tmp_path / "beside" / "model" / "tokenizer.json"
+    ).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "beside").iterdir()) == sorted(
+        p.name for p in (tmp_path / "serial").iterdir()
+    )
+
+
+def test_a_first_attempt_that_copies_stops_the_retry_beside_it(tmp_path, monkeypatch):
+    import sorl_verl.quickstart.prepare as prep
+
+    started = []
+    speculative = prep.SpeculativeAttempt
+
+    class Recorded(speculative):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(prep, "SpeculativeAttempt", Recorded)
+    monkeypatch.setattr(prep, "retry_beside_first", lambda: True)
+    monkeypatch.setattr(prep, "copy_accuracy", lambda *a, **k: 0.9)  # the parent's first attempt copies
+    info = prepare(tmp_path / "run", tiny_config(seed=6), show_progress=False)
+    assert info["sft_attempts"] == 1 and info["sft_retry_beside_first"] and len(started) == 1
+    assert not started[0]._process.is_alive()
+    assert not (tmp_path / "run" / prep.RETRY_DIR).exists()
+
+
+def test_a_retry_child_that_dies_is_run_in_the_parent(tmp_path, monkeypatch, capsys):
+    import sorl_verl.quickstart.prepare as prep
+
+    class Killed(prep.SpeculativeAttempt):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._process.kill()  # as the kernel's OOM killer would
+
+    monkeypatch.setattr(prep, "SpeculativeAttempt", Killed)
+    monkeypatch.setattr(prep, "retry_beside_first", lambda: True)
+    info = prepare(tmp_path / "run", tiny_config(seed=8), show_progress=False)
+    assert info["sft_attempts"] == 2 and (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert "the retry trained beside the first attempt failed (the child process ended with exit code -9)" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "run" / prep.RETRY_DIR).exists()
