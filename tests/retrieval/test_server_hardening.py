@@ -148,46 +148,40 @@ def free_port() -> int:
 CLIENTS, BEFORE_SIGNAL = 200, 1000
 
 
+def start_server_process(corpus, tmp_path, grace_s: float = 20):
+    """``python -m sorl_verl.retrieval.server`` on a BM25 index of ``corpus``, started and healthy:
+    ``(proc, url, port, log_file)``; the log is a file, not a pipe (a full pipe would block the server)."""
+    from sorl_verl.retrieval import build_index
+
+    index = build_index(corpus, tmp_path / "idx", show_progress=False)
+    port = free_port()
+    log_file = open(tmp_path / "server.log", "w+")
+    argv = ["--index", str(index), "--port", str(port), "--grace-s", str(grace_s), "--log-level", "warning"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sorl_verl.retrieval.server", *argv], stdout=log_file, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url, port, log_file
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError("server did not start: " + (tmp_path / "server.log").read_text())
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_path):
     """200 clients in a loop; SIGTERM mid-load; a client disconnects mid-body first. Every request sent
     gets an HTTP answer (200, or 503 once the drain began), the server exits 0, and logs no traceback."""
     import aiohttp
 
-    from sorl_verl.retrieval import build_index
-
-    index = build_index(small_corpus, tmp_path / "idx", show_progress=False)
-    port = free_port()
-    log_file = open(tmp_path / "server.log", "w+")  # a file, not a pipe: a full pipe would block the server
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sorl_verl.retrieval.server",
-            "--index",
-            str(index),
-            "--port",
-            str(port),
-            "--grace-s",
-            "20",
-            "--log-level",
-            "warning",
-        ],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, url, port, log_file = start_server_process(small_corpus, tmp_path)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, "server did not start"
-            time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", port)) as sock:  # disconnect mid-body
             sock.sendall(b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"que')
 
@@ -232,6 +226,67 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(small_corpus, tmp_
     assert exit_code == 0, log
     assert "Traceback" not in log, log
     assert statuses.count(200) >= BEFORE_SIGNAL and set(statuses) <= {200, 503}
+
+
+def read_http_answer(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 answer with a Content-Length body from ``sock`` (b"" if the server closed it)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_keep_alive_client_idle_when_the_drain_begins_gets_a_503_not_a_closed_connection(small_corpus, tmp_path):
+    """A client answered before SIGTERM keeps its connection and sends its next request after the drain
+    has been quiet for longer than LINGER_S: the server must still be there to answer 503 (it waits for
+    open connections), then exit 0. The drain used to end after LINGER_S without arrivals and close such
+    connections under their clients (CI: 158 of 200 clients failed with "Can not write request body")."""
+    from sorl_verl.retrieval.server import KEEP_ALIVE_S, LINGER_S
+
+    body = b'{"queries":["capital"],"topk":1}'
+    request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    proc, _, port, log_file = start_server_process(small_corpus, tmp_path, grace_s=60)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(request)
+            assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
+            signalled_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(3 * LINGER_S)  # the drain is quiet: no arrival, no request in flight
+            assert proc.poll() is None, "the drain ended while a keep-alive connection was open"
+            sock.sendall(request)
+            answer = read_http_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 503") and b"connection: close" in answer.lower(), answer
+        exit_code = proc.wait(timeout=30)
+        drain_s = time.monotonic() - signalled_at
+
+        # An idle keep-alive client that never sends again holds the drain only until uvicorn's keep-alive
+        # timeout closes its connection, not until --grace-s.
+        (tmp_path / "second").mkdir()
+        proc, _, port, log_file2 = start_server_process(small_corpus, tmp_path / "second", grace_s=60)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(request)
+            assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
+            signalled_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            idle_exit_code = proc.wait(timeout=30)
+            idle_drain_s = time.monotonic() - signalled_at
+            assert sock.recv(1) == b""  # closed by the server, cleanly
+        log_file2.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log_file.close()
+    assert exit_code == 0 and idle_exit_code == 0
+    assert drain_s < 30 and KEEP_ALIVE_S - 1 < idle_drain_s < KEEP_ALIVE_S + 20
 
 
 @pytest.mark.parametrize(
