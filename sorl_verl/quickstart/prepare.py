@@ -310,7 +310,10 @@ class SpeculativeAttempt:
             outcome = ("error", f"the child process ended with exit code {self._process.exitcode}")
         if outcome[0] == "ok":
             return outcome[1]
-        print(f"warning: the retry trained beside the first attempt failed ({outcome[1]}); running it now", file=sys.stderr)
+        print(
+            f"warning: the retry trained beside the first attempt failed ({outcome[1]}); running it now",
+            file=sys.stderr,
+        )
         shutil.rmtree(self.folder, ignore_errors=True)
         return self.attempt(self.cfg, show_progress=False, model_dir=self.folder / "model")
 

@@ -158,7 +158,10 @@ def start_server_process(corpus, tmp_path, grace_s: float = 20):
     log_file = open(tmp_path / "server.log", "w+")
     argv = ["--index", str(index), "--port", str(port), "--grace-s", str(grace_s), "--log-level", "warning"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sorl_verl.retrieval.server", *argv], stdout=log_file, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "sorl_verl.retrieval.server", *argv],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -237,7 +240,9 @@ def read_http_answer(sock: socket.socket) -> bytes:
             return data
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head + b"\r\n\r\n" + body
