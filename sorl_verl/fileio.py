@@ -131,14 +131,21 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         yield tmp
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} appeared while it was being built; not replacing it")
-        if path.exists():
-            # Two renames keep a complete folder at ``path`` except for an instant.
-            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_dir(new: str | Path, path: str | Path) -> None:
+    """Move the folder ``new`` to ``path`` (same file system), replacing ``path`` if it exists: the old
+    folder is moved aside and removed only once the new one is in place, so two renames keep a complete
+    folder at ``path`` except for an instant."""
+    path = Path(path)
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".old", dir=path.parent))
+        os.replace(path, old / path.name)
+        os.replace(new, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, path)

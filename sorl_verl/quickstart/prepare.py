@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_prep._common import write_parquet_atomic
-from sorl_verl.fileio import write_text_atomic
+from sorl_verl.fileio import replace_dir, write_text_atomic
 from sorl_verl.quickstart.task import (
     GUESS,
     SEARCH,
@@ -318,13 +318,8 @@ class SpeculativeAttempt:
         return self.attempt(self.cfg, show_progress=False, model_dir=self.folder / "model")
 
     def install(self, model_dir: Path) -> None:
-        """Replace ``model_dir`` by the retry's model (the old folder is removed once the new one is in place)."""
-        old = model_dir.with_name(model_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if model_dir.exists():
-            os.replace(model_dir, old)
-        os.replace(self.folder / "model", model_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        """Replace ``model_dir`` by the retry's model (:func:`~sorl_verl.fileio.replace_dir`)."""
+        replace_dir(self.folder / "model", model_dir)
 
     def discard(self) -> None:
         if self._process.is_alive():

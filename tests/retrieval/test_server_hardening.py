@@ -248,6 +248,7 @@ def read_http_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@pytest.mark.slow
 def test_a_keep_alive_client_idle_when_the_drain_begins_gets_a_503_not_a_closed_connection(small_corpus, tmp_path):
     """A client answered before SIGTERM keeps its connection and sends its next request after the drain
     has been quiet for longer than LINGER_S: the server must still be there to answer 503 (it waits for
@@ -259,6 +260,7 @@ def test_a_keep_alive_client_idle_when_the_drain_begins_gets_a_503_not_a_closed_
     request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     proc, _, port, log_file = start_server_process(small_corpus, tmp_path, grace_s=60)
+    log_files = [log_file]
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(request)
@@ -276,7 +278,8 @@ def test_a_keep_alive_client_idle_when_the_drain_begins_gets_a_503_not_a_closed_
         # An idle keep-alive client that never sends again holds the drain only until uvicorn's keep-alive
         # timeout closes its connection, not until --grace-s.
         (tmp_path / "second").mkdir()
-        proc, _, port, log_file2 = start_server_process(small_corpus, tmp_path / "second", grace_s=60)
+        proc, _, port, log_file = start_server_process(small_corpus, tmp_path / "second", grace_s=60)
+        log_files.append(log_file)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(request)
             assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
@@ -285,11 +288,11 @@ def test_a_keep_alive_client_idle_when_the_drain_begins_gets_a_503_not_a_closed_
             idle_exit_code = proc.wait(timeout=30)
             idle_drain_s = time.monotonic() - signalled_at
             assert sock.recv(1) == b""  # closed by the server, cleanly
-        log_file2.close()
     finally:
         if proc.poll() is None:
             proc.kill()
-        log_file.close()
+        for log_file in log_files:
+            log_file.close()
     assert exit_code == 0 and idle_exit_code == 0
     assert drain_s < 30 and KEEP_ALIVE_S - 1 < idle_drain_s < KEEP_ALIVE_S + 20
 
