@@ -87,6 +87,7 @@ import numpy as np
 import Stemmer
 from tqdm.auto import tqdm
 
+from sorl_verl.retrieval.maxscore import top_k_maxscore
 from sorl_verl.retrieval.store import IndexFormatError, open_docs
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -115,6 +116,7 @@ SEGSTART_FILE = "segstart.csc.index.npy"
 TERM_SLOTS_FILE = "termslots.index.npy"
 TERM_PTR_FILE = "termptr.index.npy"
 TERM_BYTES_FILE = "termbytes.index.npy"
+MAXCODE_FILE = "maxcode.index.npy"
 
 
 def _stopwords(name: str | None) -> frozenset[str]:
@@ -511,6 +513,13 @@ class _SegmentedIndex:
             )
         self._terms = TermTable(slots, offsets, blob, term_hash)
         self.term_id = functools.lru_cache(maxsize=TERM_CACHE)(self._terms.get)
+        # Each term's largest factor, for MaxScore's bounds; an index built before maxcode existed
+        # bounds every term by the corpus's largest factor (looser, as exact).
+        self._max_codes = None
+        if (folder / MAXCODE_FILE).is_file():
+            self._max_codes = load(folder / MAXCODE_FILE, dtypes=(self.codes.dtype.name,))
+            _check_length(folder, MAXCODE_FILE, self._max_codes, vocab, f"the {IDF_FILE} terms")
+        self._largest_factor = float(self.factors.max())
 
     def postings(self, token_ids: list[int]) -> list[_CodedPostings]:
         """The non-empty posting lists of ``token_ids``, in query order (one gather of each per-term array)."""
@@ -526,6 +535,32 @@ class _SegmentedIndex:
             strict=True,
         )
         return [_CodedPostings(self, *span) for span in spans if span[1] > span[0]]
+
+    def top_k_maxscore(self, token_ids: list[int], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ``k`` best documents of the query terms ``token_ids`` by MaxScore
+        (:func:`sorl_verl.retrieval.maxscore.top_k_maxscore`): ``(rows, scores, stats)``."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        ids = ids[self._indptr[ids + 1] > self._indptr[ids]]
+        if not len(ids):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), np.zeros(2, dtype=np.int64)
+        idf = self._idf[ids].astype(np.float64)
+        largest = self.factors[self._max_codes[ids]] if self._max_codes is not None else self._largest_factor
+        bounds = scores_of(idf, largest).astype(np.float64)  # each term's largest float32 score
+        return top_k_maxscore(
+            k,
+            self.lows,
+            self.codes,
+            self.factors,
+            self._seghigh,
+            self._segstart,
+            self.bits,
+            self._indptr[ids],
+            self._indptr[ids + 1],
+            self._segptr[ids],
+            self._segptr[ids + 1],
+            idf,
+            bounds,
+        )
 
     def segments(self, seg_lo: int, seg_hi: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """A term's segments ``[seg_lo, seg_hi)`` (its postings ``[start, start + count)``): ``(bounds,
@@ -585,6 +620,8 @@ class BM25Retriever:
     Documents are read through the memory-mapped ``docs.jsonl`` and its offset table
     (:func:`sorl_verl.retrieval.store.open_docs`). ``decode_postings``: a layout-2 index of at most
     this many postings is decoded into memory at load (:meth:`_SegmentedIndex.decoded`; 0: never).
+    ``prune``: on a layout-2 index not decoded, search by MaxScore (:mod:`sorl_verl.retrieval.maxscore`:
+    the same answers, most postings never read); False scores every posting (:meth:`top_k`).
     """
 
     method = "bm25"
@@ -596,6 +633,7 @@ class BM25Retriever:
         mmap: bool = True,
         search_threads: int | None = None,
         decode_postings: int = DECODE_POSTINGS,
+        prune: bool = True,
     ):
         index_dir = Path(index_dir)
         self.index_dir = index_dir
@@ -606,6 +644,7 @@ class BM25Retriever:
         self.layout = params["layout"]
         if self.layout == 2 and len(self._index) <= decode_postings:
             self._index = self._index.decoded()
+        self.prune = prune and isinstance(self._index, _SegmentedIndex)
         num_docs = meta["num_docs"]
         if params.get("num_docs") != num_docs:
             raise IndexFormatError(
@@ -868,7 +907,9 @@ class BM25Retriever:
         results = []
         for query in queries:
             token_ids = self.query_token_ids(query)
-            if topk <= ARGMAX_TOPK:
+            if self.prune:
+                rows, scores, _ = self._index.top_k_maxscore(token_ids, topk)
+            elif topk <= ARGMAX_TOPK:
                 rows, scores = self.top_k(token_ids, topk)
             else:
                 rows, scores = self.score_matching(token_ids)
@@ -1084,11 +1125,27 @@ def _write_scores(blocks, folder: Path, indptr: np.ndarray, idf: np.ndarray, fac
             rows.tofile(indices_file)
 
 
-def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, bits: int) -> int:
+def _largest_codes(codes: np.ndarray, factors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``(terms,)``: for each term of a block, the code of its largest factor (0 for a term without
+    postings). ``codes`` ``(n,)`` the block's postings' codes, ``factors`` ``(codes,)`` float64,
+    ``bounds`` ``(terms + 1,)`` int64 where each term's postings start in the block (and ``n``)."""
+    out = np.zeros(len(bounds) - 1, dtype=codes.dtype)
+    held = np.flatnonzero(np.diff(bounds) > 0)
+    if len(codes):
+        values = factors[codes]
+        largest = np.maximum.reduceat(values, bounds[held])  # (held,) each term's largest factor
+        at = np.flatnonzero(values == np.repeat(largest, np.diff(bounds)[held]))  # postings that reach it
+        out[held] = codes[at[np.searchsorted(at, bounds[held])]]  # the first such posting of each term
+    return out
+
+
+def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, bits: int, factors: np.ndarray) -> int:
     """Layout 2: each posting's factor code (``code_of(tf, rows)``, as ``code_dtype``) and row mod
-    ``2**bits``, and the segments (``segptr``, ``seghigh``, ``segstart``). A segment starts at a term's
-    first posting and wherever ``row >> bits`` changes within a term. Returns the segment count."""
+    ``2**bits``, the segments (``segptr``, ``seghigh``, ``segstart``) and each term's largest code
+    (``maxcode``: the code of its largest factor in ``factors``). A segment starts at a term's first
+    posting and wherever ``row >> bits`` changes within a term. Returns the segment count."""
     nnz = int(indptr[-1])
+    max_codes = np.zeros(len(indptr) - 1, dtype=code_dtype)
     seg_counts = np.zeros(len(indptr) - 1, dtype=np.int64)  # (vocab,) segments of each term
     raw = {name: folder / f".{name}.raw" for name in (SEGHIGH_FILE, SEGSTART_FILE)}
     with (
@@ -1100,7 +1157,9 @@ def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, 
         _npy_header(codes_file, code_dtype, (nnz,))
         _npy_header(rows_file, np.uint16, (nnz,))
         for t0, t1, rows, tf in blocks:
-            code_of(tf, rows).astype(code_dtype).tofile(codes_file)
+            codes = code_of(tf, rows).astype(code_dtype)
+            codes.tofile(codes_file)
+            max_codes[t0:t1] = _largest_codes(codes, factors, indptr[t0 : t1 + 1] - indptr[t0])
             (rows & ((1 << bits) - 1)).astype(np.uint16).tofile(rows_file)
             high = rows >> bits
             term_bounds = indptr[t0 : t1 + 1] - indptr[t0]  # (t1 - t0 + 1,) in the block
@@ -1112,6 +1171,7 @@ def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, 
             high[seg].astype(np.int32).tofile(high_file)
             (seg + indptr[t0]).tofile(start_file)
     segments = int(seg_counts.sum())
+    np.save(folder / MAXCODE_FILE, max_codes)
     np.save(folder / SEGPTR_FILE, np.concatenate([[0], np.cumsum(seg_counts)]))
     _npy_from_raw(folder / SEGHIGH_FILE, raw[SEGHIGH_FILE], np.int32, segments)
     _npy_from_raw(folder / SEGSTART_FILE, raw[SEGSTART_FILE], np.int64, segments)
@@ -1232,7 +1292,7 @@ def build_bm25(
             def code_of(tf, rows):
                 return np.searchsorted(pairs, (tf.astype(np.int64) << 32) | doc_lengths[rows])
 
-            segments = _write_coded(blocks, folder, indptr, code_of, code_dtype, segment_bits)
+            segments = _write_coded(blocks, folder, indptr, code_of, code_dtype, segment_bits, factors)
     shutil.rmtree(scratch)
     (folder / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     params = {
@@ -1301,5 +1361,5 @@ def build_bm25_in_memory(
 
 
 def load_bm25(index_dir: str | Path, meta: dict, **options) -> BM25Retriever:
-    """:class:`BM25Retriever`; ``options``: ``mmap``, ``search_threads``, ``decode_postings``."""
+    """:class:`BM25Retriever`; ``options``: ``mmap``, ``search_threads``, ``decode_postings``, ``prune``."""
     return BM25Retriever(index_dir, meta, **options)

@@ -18,10 +18,11 @@ from sorl_verl.retrieval.quality import load_questions
 from sorl_verl.retrieval.store import read_meta
 
 
-def coded(index: Path) -> bm25.BM25Retriever:
+def coded(index: Path, prune: bool = False) -> bm25.BM25Retriever:
     """The retriever of ``index`` on its layout-2 arrays themselves (these test corpora are small enough
-    to be decoded into memory at load otherwise; ``load_retriever`` passes no options to BM25)."""
-    return bm25.BM25Retriever(index, read_meta(index), decode_postings=0)
+    to be decoded into memory at load otherwise; ``load_retriever`` passes no options to BM25), scoring
+    every posting (``prune=False``: the paths these tests compare; MaxScore in test_bm25_maxscore.py)."""
+    return bm25.BM25Retriever(index, read_meta(index), decode_postings=0, prune=prune)
 
 
 EDGE_DOCS = [  # as in test_bm25_scale.py: no words, stopwords only, a tf over 65535, non-ASCII
