@@ -30,6 +30,7 @@ setup(
         "numpy>=1.26",
         "bm25s>=0.2.6",
         "PyStemmer>=2.2",
+        "numba>=0.61",  # BM25 MaxScore search (sorl_verl/retrieval/maxscore.py): a compiled, GIL-free loop
         "uvicorn>=0.29",
         "httptools>=0.6",  # uvicorn's fast HTTP parser (retrieval server latency)
         "uvloop>=0.19; sys_platform != 'win32'",
