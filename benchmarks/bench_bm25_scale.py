@@ -82,6 +82,8 @@ COLUMNS = BUILD_COLUMNS + [
     "qps_cpu_2_threads",
     "qps_cpu_cold",
     "postings_per_query",
+    "visits_per_query",
+    "qps_cpu_exhaustive",
     "load_avg_search",
 ]
 
@@ -149,9 +151,23 @@ def child_search(index: str, queries_path: str) -> dict:
         result[f"qps_{threads}"] = len(timed) / min(wall)
         result[f"qps_cpu_{threads}"] = len(timed) / min(cpu)
     result["qps_cpu_cold"] = cold_queries_per_cpu_second(retriever, timed[:COLD_QUERIES])
-    result["postings_per_query"] = float(
-        np.mean([sum(map(len, retriever._postings(retriever.query_token_ids(q)))) for q in timed])
+    token_ids = [retriever.query_token_ids(q) for q in timed]
+    result["postings_per_query"] = float(np.mean([sum(map(len, retriever._postings(ids))) for ids in token_ids]))
+    # MaxScore's work: postings read from the essential lists plus seeks into the others
+    result["visits_per_query"] = (
+        float(np.mean([retriever._index.top_k_maxscore(ids, TOPK)[2].sum() for ids in token_ids]))
+        if retriever.prune
+        else float("nan")
     )
+    if retriever.prune:  # the same queries scoring every posting (BM25Retriever(prune=False)), 1 thread, one pass
+        retriever.prune = False
+        retriever.set_search_threads(1)
+        start_cpu = time.process_time()
+        for i in range(0, len(timed), BATCH):
+            retriever.search(timed[i : i + BATCH], topk=TOPK)
+        result["qps_cpu_exhaustive"] = len(timed) / (time.process_time() - start_cpu)
+    else:
+        result["qps_cpu_exhaustive"] = result["qps_cpu_1"]
     result["after_timing"] = proc_status()
     return result
 
@@ -283,6 +299,8 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
             "qps_cpu_2_threads": search["qps_cpu_2"],
             "qps_cpu_cold": search["qps_cpu_cold"],
             "postings_per_query": search["postings_per_query"],
+            "visits_per_query": search["visits_per_query"],
+            "qps_cpu_exhaustive": search["qps_cpu_exhaustive"],
             "load_avg_search": (load_before + os.getloadavg()[0]) / 2,
             "measured": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             "nice": os.nice(0),
@@ -294,7 +312,9 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
         f"{row['file_1000q_mb']:.0f} MB); queries/s: {row['qps_1_thread']:.0f} on 1 thread, "
         f"{row['qps_2_threads']:.0f} on 2 (wall clock); {row['qps_cpu_1_thread']:.0f} and "
         f"{row['qps_cpu_2_threads']:.0f} per CPU-second, {row['qps_cpu_cold']:.0f} with the caches flushed before "
-        f"each query; {row['postings_per_query']:,.0f} postings a query (load average {row['load_avg_search']:.1f})",
+        f"each query; {row['postings_per_query']:,.0f} postings a query, of which MaxScore visits "
+        f"{row['visits_per_query']:,.0f}; {row['qps_cpu_exhaustive']:.0f} queries per CPU-second scoring every "
+        f"posting (load average {row['load_avg_search']:.1f})",
         flush=True,
     )
     return row
@@ -365,21 +385,25 @@ def projections(rows: list[dict]) -> list[dict]:
         "higher",
         True,
     )
+    full = first.get("qps_cpu_exhaustive", nan) * first["passages"] / WIKI18
+    add(
+        "  scoring every posting (no pruning)",
+        lambda r: r.get("qps_cpu_exhaustive", nan),
+        "queries/s",
+        full,
+        "higher",
+        True,
+    )
     return out
-
-
-def ns_per_posting(row: dict, key: str) -> float:
-    """CPU nanoseconds a posting: ``row[key]`` (queries per CPU-second) over the postings a query."""
-    return 1e9 / (row.get(key, float("nan")) * row.get("postings_per_query", float("nan")))
 
 
 def markdown(rows: list[dict], projected: list[dict], context: str) -> str:
     lines = [
         "| passages | build: wall (CPU) | build peak | BM25 arrays | docs + offsets | vocabulary | postings | "
         "retriever RSS: loaded / after 1000 queries | of which anonymous | queries/s, 1 / 2 threads (wall) | "
-        "queries per CPU-second, 1 / 2 threads; caches flushed | postings a query | CPU ns a posting: "
-        "warm / caches flushed | load average: build / search |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "queries per CPU-second, 1 / 2 threads; caches flushed | postings a query | MaxScore visits a query | "
+        "queries per CPU-second scoring every posting | load average: build / search |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cpu = "" if r["build_cpu_s"] != r["build_cpu_s"] else f" ({r['build_cpu_s'] / 60:.1f})"
@@ -390,8 +414,8 @@ def markdown(rows: list[dict], projected: list[dict], context: str) -> str:
             f"{int(r['postings']):,} | {r['rss_load_mb'] / 1000:.2f} / {r['rss_1000q_mb'] / 1000:.2f} GB | "
             f"{r['anon_1000q_mb'] / 1000:.2f} GB | {r['qps_1_thread']:.0f} / {r['qps_2_threads']:.0f} | "
             f"{r['qps_cpu_1_thread']:.0f} / {r['qps_cpu_2_threads']:.0f}; {cold:.0f} | "
-            f"{r.get('postings_per_query', float('nan')):,.0f} | "
-            f"{ns_per_posting(r, 'qps_cpu_1_thread'):.1f} / {ns_per_posting(r, 'qps_cpu_cold'):.1f} | "
+            f"{r.get('postings_per_query', float('nan')):,.0f} | {r.get('visits_per_query', float('nan')):,.0f} | "
+            f"{r.get('qps_cpu_exhaustive', float('nan')):.1f} | "
             f"{r['load_avg_build']:.1f} / {r['load_avg_search']:.1f} |"
         )
     lines += [
@@ -457,7 +481,7 @@ def main() -> None:
         action="store_true",
         help="also build the smallest size with the former in-memory bm25s build",
     )
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/figures alone")
+    parser.add_argument("--no-write", action="store_true", help="leave docs/figures alone (WORK/row_N.json, which --reuse reads, is still written)")
     parser.add_argument(
         "--remeasure-search",
         action="store_true",

@@ -87,7 +87,6 @@ import numpy as np
 import Stemmer
 from tqdm.auto import tqdm
 
-from sorl_verl.retrieval.maxscore import top_k_maxscore
 from sorl_verl.retrieval.store import IndexFormatError, open_docs
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -520,6 +519,16 @@ class _SegmentedIndex:
             self._max_codes = load(folder / MAXCODE_FILE, dtypes=(self.codes.dtype.name,))
             _check_length(folder, MAXCODE_FILE, self._max_codes, vocab, f"the {IDF_FILE} terms")
         self._largest_factor = float(self.factors.max())
+        self._maxscore = None  # the compiled kernel, imported (numba: ~0.7 s) and compiled by warm_up
+
+    def warm_up(self) -> None:
+        """Import and compile MaxScore's kernel for these arrays' types (seconds the first time, then
+        numba's on-disk cache) by one query of the first non-empty term, so no search waits for it."""
+        from sorl_verl.retrieval.maxscore import top_k_maxscore
+
+        self._maxscore = top_k_maxscore
+        first = int(np.argmax(np.diff(self._indptr[: 1 << 16]) > 0))
+        self.top_k_maxscore([first], 1)
 
     def postings(self, token_ids: list[int]) -> list[_CodedPostings]:
         """The non-empty posting lists of ``token_ids``, in query order (one gather of each per-term array)."""
@@ -546,7 +555,9 @@ class _SegmentedIndex:
         idf = self._idf[ids].astype(np.float64)
         largest = self.factors[self._max_codes[ids]] if self._max_codes is not None else self._largest_factor
         bounds = scores_of(idf, largest).astype(np.float64)  # each term's largest float32 score
-        return top_k_maxscore(
+        if self._maxscore is None:
+            self.warm_up()
+        return self._maxscore(
             k,
             self.lows,
             self.codes,
@@ -645,6 +656,8 @@ class BM25Retriever:
         if self.layout == 2 and len(self._index) <= decode_postings:
             self._index = self._index.decoded()
         self.prune = prune and isinstance(self._index, _SegmentedIndex)
+        if self.prune:
+            self._index.warm_up()
         num_docs = meta["num_docs"]
         if params.get("num_docs") != num_docs:
             raise IndexFormatError(

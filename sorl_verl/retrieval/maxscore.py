@@ -122,10 +122,15 @@ def top_k_maxscore(k, lows, codes, factors, seghigh, segstart, bits, starts, end
                     stop = segstart[s + 1] if s < last else ends[t]
                     if seghigh[s] == high:
                         low = doc & mask
-                        near = min(p + _SCAN, stop)
-                        while p < near and lows[p] < low:  # doc is usually a few postings on: scan
-                            p += 1
-                        if p == near and p < stop and lows[p] < low:  # farther: gallop, then bisect
+                        if p + _SCAN <= stop:  # doc is usually a few postings on: count them, no branch
+                            below = 0
+                            for i in range(p, p + _SCAN):
+                                below += lows[i] < low
+                            p += below
+                        else:
+                            while p < stop and lows[p] < low:
+                                p += 1
+                        if p < stop and lows[p] < low:  # farther: gallop, then bisect
                             lo = p  # invariant: lows[lo] < low, and hi == stop or lows[hi] >= low
                             step = 1
                             hi = p + 1
