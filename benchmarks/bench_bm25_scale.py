@@ -481,7 +481,11 @@ def main() -> None:
         action="store_true",
         help="also build the smallest size with the former in-memory bm25s build",
     )
-    parser.add_argument("--no-write", action="store_true", help="leave docs/figures alone (WORK/row_N.json, which --reuse reads, is still written)")
+    parser.add_argument(
+        "--no-write",
+        action="store_true",
+        help="leave docs/figures alone (WORK/row_N.json, which --reuse reads, is still written)",
+    )
     parser.add_argument(
         "--remeasure-search",
         action="store_true",

@@ -1,4 +1,4 @@
-"""BM25 retriever on ``bm25s``'s index format (the embedded default: pure Python + numpy, no JVM).
+"""BM25 retriever on ``bm25s``'s index format (the embedded default: Python, numpy and a numba-compiled search loop; no JVM).
 
 Search-R1 uses Pyserini's Lucene BM25 for its sparse baseline; we keep Lucene's scoring
 variant (``bm25s`` method ``"lucene"``, k1=0.9, b=0.4 as Pyserini's defaults) but not its
@@ -30,6 +30,9 @@ Layout 2 (ours, what :func:`build_bm25` writes by default) stores about 4 bytes 
     bm25/termslots.index.npy     (2**m,) int32         open-addressing table: term id, or -1 (empty slot)
     bm25/termptr.index.npy       (vocab + 1,) int64    term t's UTF-8 bytes are termbytes[termptr[t]:termptr[t+1]]
     bm25/termbytes.index.npy     (total,) uint8        the terms' UTF-8 bytes in id order
+    bm25/maxcode.index.npy       (vocab,) as codes      the code of each term's largest factor (MaxScore's bounds;
+                                                       absent in indexes built before 2026-12-03: then the
+                                                       corpus's largest factor bounds every term)
     bm25/vocab.index.json        as in layout 1 (for other tools; the retriever does not read it)
     bm25/params.index.json       as in layout 1, plus "layout": 2, "segment_bits", "term_hash"
 
@@ -51,7 +54,13 @@ write with plain file I/O, never a writable map, so the build's resident memory 
 allocates. The scores equal ``bm25s.BM25.index``'s bit for bit (the same float64 formula, rounded to
 float32 once; :func:`build_bm25_in_memory` keeps bm25s's build for comparison).
 
-Search (ours): the index arrays are memory-mapped (``mmap=True``, the default), so a server's
+Search of a layout-2 index (ours, the default since 2026-12-03): exact top-k by MaxScore, document at
+a time, in a compiled loop (:mod:`sorl_verl.retrieval.maxscore`): posting lists are read in row order,
+the terms whose largest scores together cannot reach the k-th best so far are only probed, and no
+score buffer is touched. ``BM25Retriever(prune=False)``, layout 1, and layout-2 indexes small enough to
+be decoded at load take the exhaustive paths below; every path gives the same answers (tested).
+
+Exhaustive search (ours): the index arrays are memory-mapped (``mmap=True``, the default), so a server's
 resident memory is one float32 score buffer per search thread (4 bytes x documents), small tables,
 and the index pages its queries touch (shared page cache); layout 1 also keeps its vocabulary
 ``dict`` and term offsets. Scoring sums the query terms' posting scores into that buffer
