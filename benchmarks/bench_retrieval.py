@@ -432,8 +432,14 @@ def synthetic_corpus(path: Path, passages: int, words_per_passage: int = 100, se
     return texts
 
 
-def pyserini_section(work: Path, passages: int) -> None:
-    """Pyserini beside ours (``benchmarks/pyserini/compare.py``), or why it cannot run here."""
+def _pyserini_missing(err: ImportError) -> None:
+    print(f"error: --pyserini: the comparison cannot run here: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+def pyserini_section(work: Path, passages: int, required: bool = False) -> None:
+    """Pyserini beside ours (``benchmarks/pyserini/compare.py``), or why it cannot run here
+    (``required``: exit with status 2 and that reason instead of skipping)."""
     path = Path(__file__).resolve().parent / "pyserini" / "compare.py"
     spec = importlib.util.spec_from_file_location("sorl_bench_pyserini_compare", path)
     compare = importlib.util.module_from_spec(spec)
@@ -442,6 +448,8 @@ def pyserini_section(work: Path, passages: int) -> None:
     try:
         rows = compare.pyserini_comparison(passages=(passages,), work=work)
     except ImportError as err:  # PyseriniUnavailable: names what to install
+        if required:
+            _pyserini_missing(err)
         print(f"   skipped: {err}")
         return
     print(compare.format_table(rows))
@@ -472,14 +480,26 @@ def main() -> None:
     )
     parser.add_argument("--server-only", action="store_true", help="only the server sections")
     parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")
-    parser.add_argument(
-        "--no-pyserini",
+    lucene = parser.add_mutually_exclusive_group()
+    lucene.add_argument(
+        "--pyserini",
         action="store_true",
-        help="skip Pyserini (Lucene) vs ours on the embedded corpus and the --synthetic size (default 10k): "
-        "queries/s, recall@3, top-3 overlap (benchmarks/pyserini/compare.py); it runs by default when the "
-        "pyserini extra and Java are there, and says what to install when not",
+        help="require Pyserini (Lucene) vs ours on the embedded corpus and the --synthetic size (default 10k): "
+        "queries/s, recall@3, top-3 overlap (benchmarks/pyserini/compare.py); exit with status 2, naming what "
+        "to install, when pyserini or Java is missing. Without this flag the comparison still runs when it "
+        "can and is skipped, with the reason, when not",
     )
+    lucene.add_argument("--no-pyserini", action="store_true", help="skip the Pyserini comparison")
     args = parser.parse_args()
+    if args.pyserini and args.server_only:
+        parser.error("--pyserini and --server-only: the comparison is not a server section")
+    if args.pyserini:  # before minutes of other sections, not after
+        from sorl_verl.retrieval.lucene import PyseriniUnavailable, require_pyserini
+
+        try:
+            require_pyserini()
+        except PyseriniUnavailable as err:
+            _pyserini_missing(err)
     if args.load < 0 or args.load > 5000:
         parser.error("--load must be between 0 and 5000")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
@@ -502,7 +522,7 @@ def main() -> None:
                 drain_under_load(index_10k)
 
         if not (args.no_pyserini or args.server_only):
-            pyserini_section(tmp / "pyserini", args.synthetic or 10_000)
+            pyserini_section(tmp / "pyserini", args.synthetic or 10_000, required=args.pyserini)
 
         if args.synthetic:
             n = args.synthetic
