@@ -437,13 +437,19 @@ def _pyserini_missing(err: ImportError) -> None:
     sys.exit(2)
 
 
-def pyserini_section(work: Path, passages: int, required: bool = False) -> None:
-    """Pyserini beside ours (``benchmarks/pyserini/compare.py``), or why it cannot run here
-    (``required``: exit with status 2 and that reason instead of skipping)."""
+def load_pyserini_compare():
+    """``benchmarks/pyserini/compare.py`` as a module (a script beside this one, not a package)."""
     path = Path(__file__).resolve().parent / "pyserini" / "compare.py"
     spec = importlib.util.spec_from_file_location("sorl_bench_pyserini_compare", path)
     compare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(compare)
+    return compare
+
+
+def pyserini_section(work: Path, passages: int, required: bool = False) -> None:
+    """Pyserini beside ours (``benchmarks/pyserini/compare.py``), or why it cannot run here
+    (``required``: exit with status 2 and that reason instead of skipping)."""
+    compare = load_pyserini_compare()
     print(f"\n-- Pyserini (Lucene BM25) vs ours: the embedded corpus and {passages:,} synthetic passages")
     try:
         rows = compare.pyserini_comparison(passages=(passages,), work=work)

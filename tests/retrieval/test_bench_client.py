@@ -62,3 +62,51 @@ def test_load_run_counts_answers_and_errors(bench, live_server):
     assert run["requests"] == 24 and run["errors"] == 0
     dead = bench.load_run("http://127.0.0.1:9", ["q"], clients=2, requests_per_client=1)  # nothing listens there
     assert dead["requests"] == 0 and dead["errors"] == 2 * 3 and dead["error_kinds"] == ["ConnectionRefusedError"]
+
+
+def _fail_if_called(*args, **kwargs):
+    raise AssertionError("the benchmark went on past a missing required Pyserini")
+
+
+def test_required_pyserini_missing_exits_2_before_any_section(bench, monkeypatch, capsys):
+    """``--pyserini`` checks the Lucene comparison can run before minutes of other sections: on failure
+    it exits with status 2 and the reason (what to install), having built nothing."""
+    from sorl_verl.retrieval import lucene
+
+    def missing():
+        raise lucene.PyseriniUnavailable("--method pyserini needs pyserini, which is not installed: pip install X")
+
+    monkeypatch.setattr(lucene, "require_pyserini", missing)
+    monkeypatch.setattr(bench, "build_index", _fail_if_called)
+    monkeypatch.setattr("sys.argv", ["bench_retrieval.py", "--no-server", "--pyserini"])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--pyserini: the comparison cannot run here" in err and "pip install X" in err
+
+
+def test_pyserini_with_server_only_is_a_usage_error(bench, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "build_index", _fail_if_called)
+    monkeypatch.setattr("sys.argv", ["bench_retrieval.py", "--server-only", "--pyserini"])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    assert exit_info.value.code == 2 and "--server-only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_pyserini_section_skips_or_exits_when_the_comparison_cannot_run(bench, monkeypatch, tmp_path, capsys, required):
+    """Without ``--pyserini`` a comparison that cannot run is skipped with its reason; with it, exit status 2."""
+    from types import SimpleNamespace
+
+    def comparison(passages, work):
+        raise ImportError("no Java runtime")
+
+    monkeypatch.setattr(bench, "load_pyserini_compare", lambda: SimpleNamespace(pyserini_comparison=comparison))
+    if required:
+        with pytest.raises(SystemExit) as exit_info:
+            bench.pyserini_section(tmp_path, 1000, required=True)
+        assert exit_info.value.code == 2 and "no Java runtime" in capsys.readouterr().err
+    else:
+        bench.pyserini_section(tmp_path, 1000, required=False)
+        assert "skipped: no Java runtime" in capsys.readouterr().out
