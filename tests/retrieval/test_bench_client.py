@@ -65,7 +65,7 @@ def test_load_run_counts_answers_and_errors(bench, live_server):
 
 
 def _fail_if_called(*args, **kwargs):
-    raise AssertionError("the benchmark went on past a missing required Pyserini")
+    raise AssertionError("the benchmark built an index after an error it should have stopped at")
 
 
 def test_required_pyserini_missing_exits_2_before_any_section(bench, monkeypatch, capsys):
