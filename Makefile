@@ -29,14 +29,12 @@ bench: install
 lint: install
 	$(BIN)/ruff check sorl_verl reward_fns data_prep tests benchmarks
 
-# TASK=search (default): the search quick start; TASK=math: the asynchronous math quick start
+# TASK: a module of sorl_verl/quickstart/tasks (search, multihop, medical, math); the task names its launcher
 TASK ?= search
-DEMO_SCRIPT_search := examples/quickstart/run_demo.sh
-DEMO_SCRIPT_math := examples/quickstart/run_math_demo.sh
 
 demo: install
-	@test -n "$(DEMO_SCRIPT_$(TASK))" || { echo "error: TASK=$(TASK): use search or math" >&2; exit 1; }
-	bash $(DEMO_SCRIPT_$(TASK)) $(ALGO) $(ARGS)
+	@script="$$($(BIN)/python -m sorl_verl.quickstart launcher '$(TASK)')" || exit 2; \
+	echo "TASK=$(TASK) bash $$script $(ALGO) $(ARGS)"; TASK='$(TASK)' bash "$$script" $(ALGO) $(ARGS)
 
 # The off-policy stability benchmark (docs/stability.md), e.g. make stability ARGS="--quick"
 # or ARGS="--pressures reuse_8x8 --methods grpo so_grpo"; a second call resumes the sweep.

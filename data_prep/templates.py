@@ -59,6 +59,21 @@ def render_options(choices: list[str]) -> str:
     return "\n".join(f"{chr(ord('A') + i)}. {choice}" for i, choice in enumerate(choices))
 
 
+def parse_options_block(content: str) -> list[str] | None:
+    """The option texts of the last ``Options:`` block of a prompt (``A. text`` lines, letters in order
+    from A), or None when there is no such block: the inverse of :func:`render_options`."""
+    head, sep, block = content.rpartition("Options:\n")
+    if not sep:
+        return None
+    choices = []
+    for line in block.split("\n"):
+        expected = f"{chr(ord('A') + len(choices))}. "
+        if not line.startswith(expected):
+            break
+        choices.append(line[len(expected) :])
+    return choices or None
+
+
 def render_medical(question: str, choices: list[str]) -> str:
     return MEDICAL.format(question=question.strip(), options=render_options(choices))
 

@@ -30,7 +30,7 @@ FSDP_OFFLOAD="${FSDP_OFFLOAD:-False}"
 
 # ---- model and algorithm
 MODEL="${MODEL:-Qwen/Qwen2.5-3B}"
-# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo (see sorl_algo_overrides).
+# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo (see sorl_algo_overrides).
 ALGO="${ALGO:-st_ppo}"
 # Clipping-bias correction mode for the SORL losses (relative|absolute|none; docs/algorithms.md).
 # Empty: each loss name's paper default (sorl_verl.algos.config.LOSS_DEFAULTS). For ablations.
@@ -106,7 +106,10 @@ sorl_algo_overrides() {
     # verl's built-in GSPO (sequence-level ratio, arXiv 2507.18071) with GRPO advantages: the
     # sequence-level baseline of the stability benchmark (sorl_verl.stability).
     gspo) loss=gspo adv=grpo group=1 ;;
-    *) sorl_die "unknown ALGO=$algo (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo)" ;;
+    # verl's built-in CISPO (clipped, stop-gradient importance weights on every token, arXiv 2506.13585)
+    # with GRPO advantages, at verl's clip settings: a baseline users compare against.
+    cispo) loss=cispo adv=grpo group=1 ;;
+    *) sorl_die "unknown ALGO=$algo (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo)" ;;
   esac
   ALGO_OVERRIDES=(
     "algorithm.adv_estimator=$adv"
@@ -122,7 +125,7 @@ sorl_algo_overrides() {
     )
   fi
   if [[ -n "$SORL_NORMALIZATION" ]]; then
-    [[ "$loss" == vanilla || "$loss" == gspo ]] && sorl_die "SORL_NORMALIZATION applies to the SORL losses, not ALGO=$algo"
+    [[ "$loss" == vanilla || "$loss" == gspo || "$loss" == cispo ]] && sorl_die "SORL_NORMALIZATION applies to the SORL losses, not ALGO=$algo"
     ALGO_OVERRIDES+=(
       "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig"
       "+actor_rollout_ref.actor.policy_loss.normalization=$SORL_NORMALIZATION"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The CPU quick start (`make demo`): verl's real trainer, the search_r1 agent loop, a tiny model.
 #
-#   bash examples/quickstart/run_demo.sh [ALGO] [--out RUN_DIR] [hydra overrides...]
+#   [TASK=search|multihop|medical] bash examples/quickstart/run_demo.sh [ALGO] [--out RUN_DIR] [hydra overrides...]
 #
 # ALGO: so_grpo (default) ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae (examples/common.sh).
+# TASK: a task of sorl_verl/quickstart/tasks played through the search_r1 loop (default search; math has
+# its own launcher, run_math_demo.sh); the task sets the defaults of the loop's variables below.
 # 1. embedded task: made-up facts added to the shipped Wikipedia corpus, BM25 index, parquet rows
 # 2. tiny Qwen2 + local BPE tokenizer, warm-started by SFT on Search-R1 demonstrations, a share
 #    DEMO_MIX of which answer at once with a wrong guess instead of searching (docs/quickstart.md)
@@ -25,8 +27,15 @@ STARTED_AT="$(date +%s)"
 # shellcheck source=launcher.sh
 source "$REPO/examples/quickstart/launcher.sh"
 sorl_qs_args "$@"
-sorl_qs_run_dir "$ALGO"
-export ALGO
+TASK="${TASK:-search}"
+# run folders of the default task keep their short name (runs/<algo>-<time>)
+if [[ "$TASK" == search ]]; then sorl_qs_run_dir "$ALGO"; else sorl_qs_run_dir "$TASK-$ALGO"; fi
+export ALGO TASK
+# the task's values of the variables it shapes (MAX_TURNS, TOPK, MAX_OBS_LENGTH, MAX_TOKENS_PER_TURN,
+# MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, DEMO_MIX), each unless set in the environment; an unknown TASK
+# exits 2 naming the tasks
+TASK_DEFAULTS="$("$PYTHON" -m sorl_verl.quickstart defaults "$TASK")" || exit 2
+eval "$TASK_DEFAULTS"
 
 # ---- the demo's scale (ours: what fits ~15 minutes on 2 CPU cores)
 STEPS="${STEPS:-20}"
@@ -53,25 +62,21 @@ ACTOR_LR="${ACTOR_LR:-1e-4}"
 CRITIC_LR="${CRITIC_LR:-1e-3}"
 ACTOR_WARMUP_RATIO="${ACTOR_WARMUP_RATIO:-0}"
 CRITIC_WARMUP_RATIO="${CRITIC_WARMUP_RATIO:-0}"
-# search_r1 loop; TOPK and MAX_OBS_LENGTH also shape the SFT demonstrations
-MAX_TURNS="${MAX_TURNS:-2}"
-TOPK="${TOPK:-1}"
-MAX_OBS_LENGTH="${MAX_OBS_LENGTH:-64}"
-MAX_TOKENS_PER_TURN="${MAX_TOKENS_PER_TURN:-32}"
-# measured with the default task: prompts are 88 tokens; a searching trajectory is ~70 response
-# tokens (22 + a 31-token observation + 15 + eos). verl pads every row to prompt + response
-# length, so these bounds are the cost of every log-prob and update pass: 96 + 160 (room for
-# two searches) instead of common.sh's 2048 / computed 256.
-MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-96}"
-MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-160}"
+# search_r1 loop (MAX_TURNS, TOPK, MAX_OBS_LENGTH, MAX_TOKENS_PER_TURN): the task's defaults above;
+# TOPK and MAX_OBS_LENGTH also shape the SFT demonstrations. MAX_PROMPT_LENGTH / MAX_RESPONSE_LENGTH:
+# verl pads every row to prompt + response length, so these bounds are the cost of every log-prob and
+# update pass; each task's are its longest prompt and a bit more than its longest demonstration (search:
+# prompts of 88 tokens, a searching trajectory of ~70 response tokens, 96 + 160 leaving room for two
+# searches; multihop: 72 + up to 192 tokens for three hops; medical: 99 + up to 132).
 # SEED seeds everything random in a run: the task and the SFT warm start (prepare --seed; PREPARE_SEED
 # overrides it for the warm start alone, e.g. to reuse one warm start across RL seeds), verl's
 # data shuffle (data.seed; verl's default null shuffles unseeded), the actor/critic engines and
 # data loaders, and the rollout's sampling generator (rollout.seed).
 SEED="${SEED:-1}"
 PREPARE_SEED="${PREPARE_SEED:-$SEED}"
-# The demonstration mix: the share of the SFT demonstrations' choices (search, or answer at once
-# with a wrong guess: the entity's name) that guess; RL then has to teach *when to search*. The
+# The demonstration mix (DEMO_MIX, the task's default above): the share of the SFT demonstrations'
+# choices that stop early (search: answer at once with a wrong guess, the entity's name; multihop:
+# answer after the first hop; medical: a wrong letter at once); RL then has to teach *when to search*. The
 # warm start learns the choice as a coin of about that weight whatever the question (measured:
 # log-odds spread 0.06-0.27 over questions, a seed's offset up to 0.18), so at 0.7 greedy
 # validation guesses everywhere while sampled rollouts still search about a quarter of the time.
@@ -79,7 +84,6 @@ PREPARE_SEED="${PREPARE_SEED:-$SEED}"
 # At least half of the demonstrations search whatever the mix (they teach copying; 1000 SFT steps
 # learn it, 600 did not reliably); above 0.5 some carry no loss on <search>
 # (task.plan_demonstrations). 0 = every demonstration searches. docs/quickstart.md has the runs.
-DEMO_MIX="${DEMO_MIX:-0.7}"
 # torch threads of the SFT warm start: with 2 threads on a busy 2-core machine SFT slowed from
 # ~0.4 to 1.5-3.5 s per step (measured); one thread also makes the warm start the same whatever the
 # machine's core count (a sum's order depends on the threads). The documented seeds' warm starts
@@ -113,15 +117,15 @@ esac
 
 sorl_qs_begin
 echo "== [1-2/4] task, index, tiny model, SFT warm start -> $RUN_DIR" >&2
-OMP_NUM_THREADS="$PREPARE_THREADS" sorl_qs_wait "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --seed "$PREPARE_SEED" --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" \
-  --guess-fraction "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
+OMP_NUM_THREADS="$PREPARE_THREADS" sorl_qs_wait "$PYTHON" -m sorl_verl.quickstart prepare "$RUN_DIR" --task "$TASK" --seed "$PREPARE_SEED" \
+  --topk "$TOPK" --max-obs-length "$MAX_OBS_LENGTH" --demo-mix "$DEMO_MIX" ${PREPARE_ARGS:-} >"$RUN_DIR/prepare.log"
 
 sorl_write_agent_config "$RUN_DIR/search_r1_agent.yaml"
 read -r -a CPU_OVERRIDES <<<"$("$PYTHON" -m sorl_verl.platform.cpu_overrides 1)"
 sorl_qs_seed_overrides
 sorl_qs_sampler_overrides
 
-echo "== [3/4] verl trainer: $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
+echo "== [3/4] verl trainer: $TASK, $ALGO, $STEPS steps (log: $RUN_DIR/train.log)" >&2
 sorl_qs_train_and_report sorl_launch \
   "data.train_files=$RUN_DIR/task/train.parquet" \
   "data.val_files=$RUN_DIR/task/val.parquet" \

@@ -1,7 +1,9 @@
 """Command line of the quick start's Python steps (``examples/quickstart/run_demo.sh`` calls them).
 
 python -m sorl_verl.quickstart prepare RUN_DIR [--topk 2 --max-obs-length 96 ...]
-python -m sorl_verl.quickstart prepare RUN_DIR --task math [--early-answer-fraction 0.7 --max-ops 2 ...]
+python -m sorl_verl.quickstart prepare RUN_DIR --task math|multihop|medical [--demo-mix 0.7 --max-ops 2 ...]
+python -m sorl_verl.quickstart defaults TASK     (launcher variables' defaults, as shell lines)
+python -m sorl_verl.quickstart launcher TASK     (the task's launcher script)
 python -m sorl_verl.quickstart report RUN_DIR [--algo so_grpo --started-at EPOCH_SECONDS]
 ... | python -m sorl_verl.quickstart progress RUN_DIR/train.log   (terminal filter of the trainer's output)
 python -m sorl_verl.quickstart cleanup RUN_DIR   (after a launcher was killed with SIGKILL)
@@ -16,72 +18,62 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-# options that only one task's config has: ``dest`` -> flag
-_TASK_OPTIONS = {
-    "search": {
-        "guess_fraction": "--guess-fraction",
-        "topk": "--topk",
-        "max_obs_length": "--max-obs-length",
-        "include_wiki": "--no-wiki",
-    },
-    "math": {"early_answer_fraction": "--early-answer-fraction", "max_ops": "--max-ops"},
-}
-
-
 def _prepare_config(args: argparse.Namespace):
     """The task's prepare config with the options given on the command line; ValueError for another task's option."""
-    if args.task == "math":
-        from sorl_verl.quickstart.math_task import MathPrepareConfig as config_class
-    else:
-        from sorl_verl.quickstart.prepare import PrepareConfig as config_class
-    foreign = [
-        flag
-        for task, options in _TASK_OPTIONS.items()
-        if task != args.task
-        for name, flag in options.items()
-        if getattr(args, name, None) is not None
-    ]
+    from sorl_verl.quickstart.tasks import get_task, task_names
+
+    task = get_task(args.task)
+    own = {o.field for o in task.options}
+    foreign = sorted(
+        {
+            o.flag
+            for name in task_names()
+            if name != task.name
+            for o in get_task(name).options
+            if o.field not in own and getattr(args, o.field, None) is not None
+        }
+    )
     if foreign:
-        raise ValueError(f"{', '.join(foreign)}: not an option of the {args.task} task")
-    cfg = config_class()
+        raise ValueError(f"{', '.join(foreign)}: not an option of the {task.name} task")
+    cfg = task.config()
     sizes = dict(cfg.sizes)
     for split in ("sft", "train", "val"):
         value = getattr(args, f"n_{split}")
         if value is not None:
             sizes[split] = value
     cfg.sizes = sizes
-    for f in fields(config_class):
+    for f in fields(task.config):
         value = getattr(args, f.name, None)
         if f.name not in ("sizes", "task") and value is not None:
             setattr(cfg, f.name, value)
+    if args.demo_mix is not None:
+        setattr(cfg, task.demo_mix, args.demo_mix)
     return cfg
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    cfg = _prepare_config(args)
-    if args.task == "math":
-        from sorl_verl.quickstart.math_task import prepare_math
+    from sorl_verl.quickstart.tasks import get_task
 
-        info = prepare_math(args.run_dir, cfg, show_progress=not args.quiet)
-        print(json.dumps(info, indent=2))
-        print(
-            f"task: {info['problems']} problems; model: {info['n_params']:,} parameters; "
-            f"SFT on {info['sft_examples']} demonstrations ({info['sft_early_examples']} answer early), "
-            f"loss {info['sft_loss_first']:.2f} -> {info['sft_loss_last10']:.2f} "
-            f"({info['task_seconds'] + info['model_seconds']:.0f} s)",
-            file=sys.stderr,
-        )
-        return
-    from sorl_verl.quickstart.prepare import prepare
-
-    info = prepare(args.run_dir, cfg, show_progress=not args.quiet)
+    task = get_task(args.task)
+    info = task.prepare(args.run_dir, _prepare_config(args), show_progress=not args.quiet)
     print(json.dumps(info, indent=2))
-    print(
-        f"task: {info['facts']} facts; model: {info['n_params']:,} parameters; "
-        f"SFT on {info['sft_examples']} demonstrations, loss {info['sft_loss_first']:.2f} -> {info['sft_loss_last10']:.2f} "
-        f"({info['task_seconds'] + info['model_seconds']:.0f} s)",
-        file=sys.stderr,
-    )
+    print(task.report(info), file=sys.stderr)
+
+
+def _defaults(args: argparse.Namespace) -> None:
+    """Shell lines that give each launcher variable of the task its default unless it is set."""
+    import shlex
+
+    from sorl_verl.quickstart.tasks import get_task
+
+    for name, value in get_task(args.task).defaults.items():
+        print(f"{name}=${{{name}:-{shlex.quote(value)}}}")
+
+
+def _launcher(args: argparse.Namespace) -> None:
+    from sorl_verl.quickstart.tasks import get_task
+
+    print(get_task(args.task).launcher_path)
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -119,31 +111,40 @@ def _progress(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from sorl_verl.quickstart.tasks import DEFAULT_TASK, UnknownTask, get_task, task_names
+
+    names = task_names()
     parser = argparse.ArgumentParser(prog="python -m sorl_verl.quickstart", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    for command, func, text in (
+        ("defaults", _defaults, "shell lines giving the task's launcher variables their defaults (run_demo.sh)"),
+        ("launcher", _launcher, "the path of the task's launcher script (make demo TASK=...)"),
+    ):
+        d = sub.add_parser(command, help=text)
+        d.add_argument("task", help=", ".join(names))
+        d.set_defaults(func=func)
 
     p = sub.add_parser("prepare", help="steps 1-2: task (and index), tiny model, SFT warm start (skipped if done)")
     p.add_argument("run_dir", type=Path)
-    p.add_argument(
-        "--task", choices=("search", "math"), default="search", help="the quick start's task (default: search)"
-    )
+    p.add_argument("--task", default=DEFAULT_TASK, help=f"the quick start's task: {', '.join(names)} (default: {DEFAULT_TASK})")
     for split in ("sft", "train", "val"):
         p.add_argument(f"--n-{split}", type=int, help=f"number of {split} facts (math: problems)")
     p.add_argument("--seed", type=int)
     p.add_argument(
-        "--guess-fraction",
+        "--demo-mix",
         type=float,
-        help="demonstration mix: share of SFT demonstrations that answer at once with a wrong guess instead of searching",
+        help="demonstration mix: share of the demonstrated choices that stop early (the task's own field)",
     )
-    p.add_argument("--topk", type=int, help="passages per search (must match the agent loop's)")
-    p.add_argument("--max-obs-length", type=int, help="observation tokens kept (must match the agent loop's)")
-    p.add_argument("--no-wiki", dest="include_wiki", action="store_const", const=False, help="KB documents only")
-    p.add_argument(
-        "--early-answer-fraction",
-        type=float,
-        help="math: share of the multi-step demonstrations' choices that answer after the first step (wrong)",
-    )
-    p.add_argument("--max-ops", type=int, help="math: operations per problem, 1 to this")
+    options: dict[str, tuple] = {}  # flag -> (option, tasks that have it)
+    for name in names:
+        for o in get_task(name).options:
+            options.setdefault(o.flag, (o, []))[1].append(name)
+    for o, tasks in options.values():
+        text = f"{o.help} ({', '.join(tasks)})"
+        if o.type is bool:  # a flag that turns a default-on setting off
+            p.add_argument(o.flag, dest=o.field, action="store_const", const=False, help=text)
+        else:
+            p.add_argument(o.flag, dest=o.field, type=o.type, help=text)
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-layers", type=int)
     p.add_argument("--vocab-size", type=int)
@@ -176,6 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         args.func(args)
+    except UnknownTask as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
 

@@ -198,11 +198,8 @@ class SearchExamples:
 def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progress: bool = True) -> dict:
     """Tiny model + tokenizer (trained on the task's texts), then the SFT warm start; returns stats.
 
-    A warm start whose copy accuracy is under :data:`MIN_COPY_ACCURACY` is redone once from a fresh
-    initialization (seed + :data:`RETRY_SEED_OFFSET`). With one torch thread and a spare core (the quick
-    start's ``PREPARE_THREADS=1`` on 2 cores) the retry is trained *beside* the first attempt in a child
-    process, and dropped if the first attempt copies: the same warm start as in turn (each attempt is
-    single-threaded, so bit for bit the same), in the time of one attempt instead of two.
+    The warm start is checked by :func:`copy_accuracy` on held-out facts and redone once when it
+    is weak (:func:`warm_start_with_retry`).
     """
     sft_facts = [f for f in facts if f.split == "sft"]
     kinds = plan_demonstrations(len(sft_facts), cfg.guess_fraction, seed=cfg.seed)
@@ -210,13 +207,50 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
     texts = [f.question for f in facts] + [f.document_text for f in facts]
     texts += [text for demo in segments for text, _ in demo]
     extra_tokens = (*SEARCH_R1_TAGS, *made_up_words(facts))
-    attempt = partial(
-        warm_start_attempt,
+    stats = warm_start_with_retry(
         run_dir,
+        cfg,
         texts=texts,
         extra_tokens=extra_tokens,
         make_examples=SearchExamples(sft_facts, segments, cfg.max_obs_length),
-        held_out=[f for f in facts if f.split == "train"],
+        check=SearchCopyCheck([f for f in facts if f.split == "train"], run_dir / "task" / "index"),
+        show_progress=show_progress,
+    )
+    return {**stats, "sft_guess_examples": kinds.count(GUESS), "sft_search_choice_taught": kinds.count(SEARCH)}
+
+
+@dataclass
+class SearchCopyCheck:
+    """The search task's warm-start check (picklable): :func:`copy_accuracy` on ``held_out`` facts."""
+
+    held_out: list[Fact]
+    index_dir: Path
+
+    def __call__(self, model_dir: Path, cfg: PrepareConfig) -> float:
+        return copy_accuracy(model_dir, self.held_out, self.index_dir, cfg)
+
+
+def warm_start_with_retry(
+    run_dir: Path,
+    cfg: WarmStartConfig,
+    texts: list[str],
+    extra_tokens: Sequence[str],
+    make_examples: Callable[[object], list[SFTExample]],
+    check: Callable[[Path, WarmStartConfig], float],
+    show_progress: bool = True,
+) -> dict:
+    """:func:`build_warm_start` into ``run_dir/model``, checked by ``check(model_dir, cfg)`` (a share in
+    [0, 1], the task's copy accuracy); returns the warm start's stats with the check's figures.
+
+    A warm start whose check is under :data:`MIN_COPY_ACCURACY` is redone once from a fresh
+    initialization (seed + :data:`RETRY_SEED_OFFSET`). With one torch thread and a spare core (the quick
+    start's ``PREPARE_THREADS=1`` on 2 cores) the retry is trained *beside* the first attempt in a child
+    process, and dropped if the first attempt passes: the same warm start as in turn (each attempt is
+    single-threaded, so bit for bit the same), in the time of one attempt instead of two.
+    ``make_examples`` and ``check`` must be picklable for that (module-level classes or functions).
+    """
+    attempt = partial(
+        warm_start_attempt, run_dir, texts=texts, extra_tokens=extra_tokens, make_examples=make_examples, check=check
     )
     configs = [replace(cfg, seed=cfg.seed + RETRY_SEED_OFFSET * a) for a in range(1 + SFT_RETRIES)]
     beside = SFT_RETRIES == 1 and retry_beside_first()
@@ -244,8 +278,6 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
     stats, copies = results[-1][0], [copy for _, copy in results]
     return {
         **stats,
-        "sft_guess_examples": kinds.count(GUESS),
-        "sft_search_choice_taught": kinds.count(SEARCH),
         "copy_accuracy": copies[-1],
         "sft_attempts": len(copies),
         "copy_accuracy_per_attempt": copies,
@@ -255,18 +287,17 @@ def build_model(run_dir: Path, facts: list[Fact], cfg: PrepareConfig, show_progr
 
 def warm_start_attempt(
     run_dir: Path,
-    cfg: PrepareConfig,
+    cfg: WarmStartConfig,
     texts: list[str],
     extra_tokens: Sequence[str],
-    make_examples: SearchExamples,
-    held_out: list[Fact],
+    make_examples: Callable[[object], list[SFTExample]],
+    check: Callable[[Path, WarmStartConfig], float],
     show_progress: bool = True,
     model_dir: Path | None = None,
 ) -> tuple[dict, float]:
-    """One warm start (:func:`build_warm_start` into ``model_dir``) and its :func:`copy_accuracy` on
-    ``held_out`` (the task's index in ``run_dir``): ``(stats, copy accuracy)``."""
+    """One warm start (:func:`build_warm_start` into ``model_dir``) and its check: ``(stats, check(model_dir, cfg))``."""
     model_dir, stats = build_warm_start(run_dir, cfg, texts, extra_tokens, make_examples, show_progress, model_dir)
-    return stats, copy_accuracy(model_dir, held_out, run_dir / "task" / "index", cfg)
+    return stats, check(model_dir, cfg)
 
 
 def retry_beside_first() -> bool:

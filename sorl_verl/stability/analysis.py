@@ -13,7 +13,8 @@ definitions, documented in docs/stability.md):
 - clip fractions: the mean over training steps of the token and turn clip fractions, where the
   run logs them (names from ``tables.plot.STABILITY_PANELS``, so renamed metrics follow it).
 
-Per (pressure, method): mean and sample standard deviation over seeds, and collapsed runs k/n.
+Per (task, pressure, method): mean and sample standard deviation over seeds, and collapsed runs k/n.
+The paper's layout (:func:`paper_table`): rows = methods (at a pressure), column groups = task families.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
-from sorl_verl.stability.grid import METHODS, PRESSURES
+from sorl_verl.stability.grid import DEFAULT_TASK, METHODS, PRESSURES
 from sorl_verl.tables.plot import STABILITY_PANELS, mean_validation_curve, metric_for_panel
 from sorl_verl.tables.runs import Run, RunError, load_run
 
@@ -54,6 +55,14 @@ class RunResult:
     clip: dict[str, float | None] = field(default_factory=dict)  # CLIP_COLUMNS -> mean over steps
     run: Run | None = None
     pressure_title: str = ""  # figure panel title, from the run's recorded pressure
+    task: str = DEFAULT_TASK
+
+
+def method_label(method: str, label: str) -> str:
+    """The table's name of a grid method: the paper's name of its loss and estimator (``label``), and
+    the variant for a method of the grid such as ``s_ppo+absolute`` (``S-PPO (absolute)``)."""
+    _, plus, variant = method.partition("+")
+    return f"{label} ({variant})" if plus else label
 
 
 def area_under_curve(steps: list[int], scores: list[float]) -> float:
@@ -72,7 +81,7 @@ def is_collapsed(warm: float, peak: float, final: float) -> bool:
 
 
 def run_result(
-    run: Run, pressure: str, method: str, seed: int, clip_metrics: dict[str, str | None]
+    run: Run, pressure: str, method: str, seed: int, clip_metrics: dict[str, str | None], task: str = DEFAULT_TASK
 ) -> RunResult | None:
     """Figures of merit of one run; None when it has no validation score."""
     steps, scores = mean_validation_curve(run)
@@ -87,7 +96,7 @@ def run_result(
         name=run.path.name,
         pressure=pressure,
         method=method,
-        label=run.method,
+        label=method_label(method, run.method),
         seed=seed,
         steps=steps,
         scores=scores,
@@ -98,6 +107,7 @@ def run_result(
         collapsed=is_collapsed(warm, peak, final),
         clip=clip,
         run=run,
+        task=task,
     )
 
 
@@ -128,7 +138,14 @@ def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     clip_metrics = {column: metric_for_panel(runs, _PANEL_PATTERNS[title]) for column, title in CLIP_COLUMNS}
     results = []
     for run, record in found:
-        result = run_result(run, record["pressure"]["name"], record["method"], int(record["seed"]), clip_metrics)
+        result = run_result(
+            run,
+            record["pressure"]["name"],
+            record["method"],
+            int(record["seed"]),
+            clip_metrics,
+            record.get("task", DEFAULT_TASK),
+        )
         if result is not None:
             result.pressure_title = pressure_title(record["pressure"])
         if result is None:
@@ -140,7 +157,7 @@ def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
         archived = archived_results(path)
         results += [r for r in archived if r.name not in names]
         names |= {r.name for r in archived}
-    results.sort(key=lambda r: (_pressure_order(r.pressure), _method_order(r.method), r.seed))
+    results.sort(key=lambda r: (_task_order(r.task), _pressure_order(r.pressure), _method_order(r.method), r.seed))
     return results, notes
 
 
@@ -149,9 +166,10 @@ def csv_key(column: str) -> str:
     return column.lower().replace(" ", "_")
 
 
-# stability_runs.csv: what runs_csv writes and archived_results reads
+# stability_runs.csv: what runs_csv writes and archived_results reads (``task`` may be absent: the
+# default task, as in archives written before tasks were an axis)
 RUN_FIELDS = ("run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed")
-RUNS_CSV_COLUMNS = (*RUN_FIELDS, *(csv_key(c) for c, _ in CLIP_COLUMNS), "curve")
+RUNS_CSV_COLUMNS = ("task", *RUN_FIELDS, *(csv_key(c) for c, _ in CLIP_COLUMNS), "curve")
 
 
 class ArchiveError(ValueError):
@@ -209,6 +227,7 @@ def archived_results(path: Path) -> list[RunResult]:
                 pressure=row["pressure"],
                 method=row["algo"],
                 label=row["method"],
+                task=row.get("task") or DEFAULT_TASK,
                 seed=values["seed"],
                 steps=steps,
                 scores=scores,
@@ -244,6 +263,13 @@ def _method_order(name: str) -> tuple[int, str]:
     return (METHODS.index(name) if name in METHODS else len(METHODS), name)
 
 
+TASK_ORDER = ("search", "multihop", "medical")
+
+
+def _task_order(name: str) -> tuple[int, str]:
+    return (TASK_ORDER.index(name) if name in TASK_ORDER else len(TASK_ORDER), name)
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -273,18 +299,19 @@ class Cell:
     seeds: list[int]
     collapsed: int
     stats: dict[str, Stat]
+    task: str = DEFAULT_TASK
 
 
 STAT_COLUMNS = ("Warm start", "Peak", "Final", "AUC", *(c for c, _ in CLIP_COLUMNS))
 
 
 def aggregate(results: list[RunResult]) -> list[Cell]:
-    """One cell per (pressure, method), in the order of ``results``."""
-    groups: dict[tuple[str, str], list[RunResult]] = {}
+    """One cell per (task, pressure, method), in the order of ``results``."""
+    groups: dict[tuple[str, str, str], list[RunResult]] = {}
     for r in results:
-        groups.setdefault((r.pressure, r.method), []).append(r)
+        groups.setdefault((r.task, r.pressure, r.method), []).append(r)
     cells = []
-    for (pressure, method), rs in groups.items():
+    for (task, pressure, method), rs in groups.items():
         values = {
             "Warm start": [r.warm for r in rs],
             "Peak": [r.peak for r in rs],
@@ -300,6 +327,7 @@ def aggregate(results: list[RunResult]) -> list[Cell]:
                 seeds=[r.seed for r in rs],
                 collapsed=sum(r.collapsed for r in rs),
                 stats={k: Stat.of(v) for k, v in values.items()},
+                task=task,
             )
         )
     return cells
@@ -312,16 +340,52 @@ def to_markdown(cells: list[Cell], digits: int = 3) -> str:
         "AUC: area under the validation curve / steps (the mean score over training). "
         "Clip columns: mean over training steps.",
         "",
-        "| Pressure | Method | Seeds | "
+        "| Task | Pressure | Method | Seeds | "
         + " | ".join(STAT_COLUMNS[:4])
         + " | Collapsed | "
         + " | ".join(STAT_COLUMNS[4:])
         + " |",
-        "|:---|:---|---:|" + "---:|" * 4 + "---:|" + "---:|" * (len(STAT_COLUMNS) - 4),
+        "|:---|:---|:---|---:|" + "---:|" * 4 + "---:|" + "---:|" * (len(STAT_COLUMNS) - 4),
     ]
     for c in cells:
         stats = [c.stats[k].text(digits) for k in STAT_COLUMNS]
-        row = [c.pressure, c.label, str(len(c.seeds)), *stats[:4], f"{c.collapsed}/{len(c.seeds)}", *stats[4:]]
+        row = [c.task, c.pressure, c.label, str(len(c.seeds)), *stats[:4], f"{c.collapsed}/{len(c.seeds)}", *stats[4:]]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def paper_table(cells: list[Cell], digits: int = 3) -> str:
+    """The paper's layout: one row per method (at a pressure), a column group per task family with the
+    final and peak validation score (mean ± std over seeds), collapsed runs k/n and the mean token clip
+    fraction. A row's cells are empty for a task it was not run on."""
+    tasks = sorted({c.task for c in cells}, key=_task_order)
+    rows: dict[tuple[str, str], dict[str, Cell]] = {}
+    for c in sorted(cells, key=lambda c: (_method_order(c.method), _pressure_order(c.pressure))):
+        rows.setdefault((c.method, c.pressure), {})[c.task] = c
+    group = ("final", "peak", "collapsed", "token clip")
+    head = ["Method", "Pressure", *(f"{t}: {g}" for t in tasks for g in group)]
+    lines = [
+        "Validation score per task family (mean ± std over seeds; final = at the last step, peak = the best "
+        f"step, warm start included). Collapsed: final <= warm start - {COLLAPSE_DROP} or final < "
+        f"{COLLAPSE_PEAK_FRACTION} x peak, as k/n runs. Token clip: mean token clip fraction over training.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|:---|:---|" + "---:|" * (len(head) - 2),
+    ]
+    for (_, pressure), by_task in rows.items():
+        label = next(iter(by_task.values())).label
+        row = [label, pressure]
+        for t in tasks:
+            c = by_task.get(t)
+            if c is None:
+                row += ["", "", "", ""]
+                continue
+            row += [
+                c.stats["Final"].text(digits),
+                c.stats["Peak"].text(digits),
+                f"{c.collapsed}/{len(c.seeds)}",
+                c.stats[CLIP_COLUMNS[0][0]].text(digits),
+            ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -340,11 +404,13 @@ def _num(value: float | None) -> str:
 def to_csv(cells: list[Cell]) -> str:
     """Full precision; ``*_std`` empty below two seeds."""
     keys = [csv_key(k) for k in STAT_COLUMNS]
-    header = ["pressure", "method", "algo", "seeds", "collapsed"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")]
+    header = ["task", "pressure", "method", "algo", "seeds", "collapsed"] + [
+        f"{k}_{s}" for k in keys for s in ("mean", "std")
+    ]
     rows = [header]
     for c in cells:
         stats = [v for k in STAT_COLUMNS for v in (_num(c.stats[k].mean), _num(c.stats[k].std))]
-        rows.append([c.pressure, c.label, c.method, " ".join(map(str, c.seeds)), c.collapsed, *stats])
+        rows.append([c.task, c.pressure, c.label, c.method, " ".join(map(str, c.seeds)), c.collapsed, *stats])
     return _csv(rows)
 
 
@@ -355,6 +421,7 @@ def runs_csv(results: list[RunResult]) -> str:
         curve = " ".join(f"{s}:{v:.4f}" for s, v in zip(r.steps, r.scores, strict=True))
         rows.append(
             [
+                r.task,
                 r.name,
                 r.pressure,
                 r.method,
@@ -423,10 +490,18 @@ def _colors(results: list[RunResult]) -> dict[str, str]:
 
 
 def _by_pressure_method(results: list[RunResult]) -> dict[str, dict[str, list[RunResult]]]:
+    """``{panel: {method: runs}}``, a panel per pressure (per task and pressure when several tasks)."""
+    several = len({r.task for r in results}) > 1
     out: dict[str, dict[str, list[RunResult]]] = {}
     for r in results:
-        out.setdefault(r.pressure, {}).setdefault(r.method, []).append(r)
+        panel = f"{r.task} {r.pressure}" if several else r.pressure
+        out.setdefault(panel, {}).setdefault(r.method, []).append(r)
     return out
+
+
+def _panel_title(rs: list[RunResult], panel: str) -> str:
+    title = rs[0].pressure_title or rs[0].pressure
+    return f"{rs[0].task}: {title}" if panel != rs[0].pressure else title
 
 
 def _legend(fig, axes, results: list[RunResult]) -> None:
@@ -466,7 +541,7 @@ def plot_validation(results: list[RunResult], out: Path) -> int:
                     alpha=0.15,
                     linewidth=0,
                 )
-        ax.set_title(next(iter(by_method.values()))[0].pressure_title or pressure, fontsize=9)
+        ax.set_title(_panel_title(next(iter(by_method.values())), pressure), fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("validation score")
         ax.grid(alpha=0.3)
@@ -498,7 +573,7 @@ def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
                 if xs:
                     ax.plot(xs, mean, linewidth=1.3, color=colors[method], label=rs[0].label)
             if i == 0:
-                ax.set_title(next(iter(grouped[pressure].values()))[0].pressure_title or pressure, fontsize=9)
+                ax.set_title(_panel_title(next(iter(grouped[pressure].values())), pressure), fontsize=9)
             if j == 0:
                 ax.set_ylabel(f"{title}\n({metric})", fontsize=8)
             if i == len(rows) - 1:
@@ -530,6 +605,7 @@ def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     markdown = to_markdown(cells)
     for name, text in (
         ("stability.md", markdown),
+        ("stability_paper.md", paper_table(cells)),
         ("stability.csv", to_csv(cells)),
         ("stability_runs.csv", runs_csv(results)),
     ):
@@ -537,6 +613,11 @@ def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
         written[name] = str(sweep_dir / name)
     plot_validation(results, sweep_dir / "validation.png")
     written["validation.png"] = str(sweep_dir / "validation.png")
+    tasks = sorted({r.task for r in results}, key=_task_order)
+    for task in tasks if len(tasks) > 1 else ():  # one figure of validation curves per task family
+        name = f"validation_{task}.png"
+        plot_validation([r for r in results if r.task == task], sweep_dir / name)
+        written[name] = str(sweep_dir / name)
     drawn = plot_diagnostics(results, sweep_dir / "diagnostics.png")
     if drawn:
         written["diagnostics.png"] = str(sweep_dir / "diagnostics.png")

@@ -3,6 +3,7 @@
     python -m sorl_verl.stability run --quick                 # the ~30-minute subset
     python -m sorl_verl.stability run                         # every pressure x method x 3 seeds
     python -m sorl_verl.stability run --pressures reuse_8x8 --methods grpo so_grpo --seeds 1 2
+    python -m sorl_verl.stability run --task multihop --pressures reuse_8x8   # another task family
     python -m sorl_verl.stability run --dry-run               # list the runs and their status
     python -m sorl_verl.stability report                      # table and figures of the finished runs
 
@@ -17,7 +18,19 @@ import shlex
 import sys
 from pathlib import Path
 
-from sorl_verl.stability.grid import DEFAULT_PRESSURES, DEFAULT_SEEDS, METHODS, PRESSURES, QUICK, Budget, build_grid
+from sorl_verl.stability.grid import (
+    DEFAULT_METHODS,
+    DEFAULT_PRESSURES,
+    DEFAULT_SEEDS,
+    DEFAULT_TASK,
+    METHODS,
+    PRESSURES,
+    QUICK,
+    Budget,
+    build_grid,
+    check_task,
+    search_loop_tasks,
+)
 
 DEFAULT_OUT = Path("runs/stability")
 
@@ -36,7 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the sweep (skips finished runs, resumes unfinished ones), then report")
     r.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"sweep folder (default {DEFAULT_OUT})")
     r.add_argument("--pressures", nargs="+", choices=list(PRESSURES), help=f"default: {' '.join(DEFAULT_PRESSURES)}")
-    r.add_argument("--methods", nargs="+", choices=list(METHODS), help=f"default: {' '.join(METHODS)}")
+    r.add_argument(
+        "--task",
+        nargs="+",
+        type=_task,
+        default=[DEFAULT_TASK],
+        metavar="TASK",
+        help=f"the quick start's task family: {', '.join(search_loop_tasks())} (default {DEFAULT_TASK}; several: one grid each)",
+    )
+    r.add_argument(
+        "--methods", nargs="+", choices=list(METHODS), help=f"default: {' '.join(DEFAULT_METHODS)} (all: {' '.join(METHODS)})"
+    )
     r.add_argument("--seeds", nargs="+", type=int, help=f"default: {' '.join(map(str, DEFAULT_SEEDS))}")
     r.add_argument(
         "--quick",
@@ -116,10 +139,18 @@ def _grid(args: argparse.Namespace):
     )
     return build_grid(
         pressures=args.pressures or quick.get("pressures", DEFAULT_PRESSURES),
-        methods=args.methods or quick.get("methods", METHODS),
+        methods=args.methods or quick.get("methods", DEFAULT_METHODS),
         seeds=args.seeds or quick.get("seeds", DEFAULT_SEEDS),
         budget=budget,
+        tasks=args.task,
     )
+
+
+def _task(text: str) -> str:
+    try:
+        return check_task(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _dry_run(out: Path, specs) -> None:
@@ -131,10 +162,10 @@ def _dry_run(out: Path, specs) -> None:
         if status == "partial":
             status = f"partial (checkpoint at step {checkpoint_step(run_dir(out, spec))})"
         print(f"[{i}/{len(specs)}] {spec.name}: {status}")
-    seeds = sorted({warm_seed(s.seed, s.budget) for s in specs})
-    seeds = [seed for seed in seeds if not (warm_dir(out, seed) / "prepare.json").is_file()]
-    if seeds:
-        print(f"warm starts to prepare: seed {', '.join(map(str, seeds))} (about 2 min each)")
+    warm = sorted({(s.task, warm_seed(s.seed, s.budget)) for s in specs})
+    warm = [f"{task} seed {seed}" for task, seed in warm if not (warm_dir(out, seed, task) / "prepare.json").is_file()]
+    if warm:
+        print(f"warm starts to prepare: {', '.join(warm)} (several minutes each)")
     pending = [s for s in specs if run_status(out, s) != "finished"]
     if pending:
         spec = pending[0]

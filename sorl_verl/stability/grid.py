@@ -1,9 +1,12 @@
-"""The sweep's grid: off-policy pressure x method x seed, and what each run is launched with.
+"""The sweep's grid: task x off-policy pressure x method x seed, and what each run is launched with.
 
-A run is one call of the quick start's launcher, ``examples/quickstart/run_demo.sh METHOD --out
-RUN_DIR [hydra overrides]``, with environment variables for its scale (:meth:`RunSpec.env`) and
-Hydra overrides for its pressure (:meth:`RunSpec.overrides`). Every run of a sweep has the same
-budget: the same steps, trajectories per step, validation set and warm start (per seed).
+A run is one call of the quick start's launcher, ``TASK=... examples/quickstart/run_demo.sh ALGO --out
+RUN_DIR [hydra overrides]``, with environment variables for its task and scale (:meth:`RunSpec.env`) and
+Hydra overrides for its pressure and method (:meth:`RunSpec.overrides`). Every run of a sweep has the
+same budget: the same steps, trajectories per step, validation set and warm start (per task and seed).
+
+Tasks are the quick start's search-loop tasks (:mod:`sorl_verl.quickstart.tasks`: ``search``,
+``multihop``, ``medical``); the task is part of a run's name and of the table.
 
 Off-policy pressure (our design; the paper varies the same knobs at a larger scale):
 
@@ -20,11 +23,45 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-# ALGO names of examples/common.sh, in the order tables and figures show them.
-METHODS: tuple[str, ...] = ("grpo", "so_grpo", "gspo", "ppo", "turn_ppo", "s_ppo", "st_ppo")
+@dataclass(frozen=True)
+class Method:
+    """A method of the grid: an ``ALGO`` of examples/common.sh, with extra launcher variables and
+    Hydra overrides for a variant of it (e.g. another reading of the clipping-bias correction)."""
+
+    name: str
+    algo: str
+    env: tuple[tuple[str, str], ...] = ()
+    overrides: tuple[str, ...] = ()
+
+
+_SORL_CONFIG = "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig"
+# In the order tables and figures show them. The ``s_ppo+...`` variants are the other readings of
+# the clipping-bias correction (sorl_verl.algos.correction; s_ppo itself is the default, relative
+# with one scale per mini-batch): ``absolute`` thresholds the norm of what clipping removed in
+# advantage units, ``sequence`` takes one scale per trajectory inside the loss.
+METHOD_SPECS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("grpo", "grpo"),
+        Method("so_grpo", "so_grpo"),
+        Method("gspo", "gspo"),
+        Method("cispo", "cispo"),
+        Method("ppo", "ppo"),
+        Method("turn_ppo", "turn_ppo"),
+        Method("s_ppo", "s_ppo"),
+        Method("s_ppo+absolute", "s_ppo", env=(("SORL_NORMALIZATION", "absolute"),)),
+        Method("s_ppo+sequence", "s_ppo", overrides=(_SORL_CONFIG, "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence")),
+        Method("st_ppo", "st_ppo"),
+    )
+}
+METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
+# the sweep's default methods: the paper's and the baselines (the correction's variants are asked for by name)
+DEFAULT_METHODS: tuple[str, ...] = ("grpo", "so_grpo", "gspo", "cispo", "ppo", "turn_ppo", "s_ppo", "st_ppo")
 # Critic-free methods: GROUP_SIZE samples per prompt (common.sh sets rollout.n for them).
-GROUP_METHODS = frozenset({"grpo", "so_grpo", "gspo"})
+GROUP_ALGOS = frozenset({"grpo", "so_grpo", "gspo", "cispo"})
+GROUP_METHODS = frozenset(m.name for m in METHOD_SPECS.values() if m.algo in GROUP_ALGOS)
 DEFAULT_SEEDS: tuple[int, ...] = (1, 2, 3)
+DEFAULT_TASK = "search"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -59,8 +96,8 @@ class Pressure:
 # k + 1 so that nothing is dropped for being k versions old, and the old policy of the loss is
 # the one that generated the tokens (``old_log_probs="rollout"``: verl's
 # ``rollout_correction.bypass_mode``), so the PPO/SORL ratio sees the staleness itself (recomputed,
-# the ratio would start at 1). k = 0 is the synchronous ``reuse_1x2``. Our design (issue 10 asks
-# for k = 0, 2, 8). The other pressures recompute the old policy, as standard PPO does (the demo's
+# the ratio would start at 1). k = 0 is the synchronous ``reuse_1x2``. Our design (k = 0, 2, 8).
+# The other pressures recompute the old policy, as standard PPO does (the demo's
 # own default, the rollout's log-probs, is the same numbers there: the sampling policy is the
 # current one; the sweep keeps the recomputation so its synchronous runs are plain PPO).
 STALENESS: tuple[int, ...] = (2, 8)
@@ -94,8 +131,8 @@ PRESSURES: dict[str, Pressure] = {
 }
 DEFAULT_PRESSURES: tuple[str, ...] = tuple(PRESSURES)
 
-# --quick: the subset that fits ~30 minutes on 2 idle cores (docs/stability.md has the measurement):
-# token-level vs SORL in both families, at no pressure and at the strongest reuse.
+# --quick: a subset of about 30 minutes on 2 cores: token-level vs SORL in both families, at no
+# pressure and at the strongest reuse.
 QUICK = {"pressures": ("reuse_1x2", "reuse_8x8"), "methods": ("grpo", "so_grpo"), "seeds": (1,)}
 
 
@@ -130,11 +167,19 @@ class RunSpec:
     method: str
     seed: int
     budget: Budget = field(default_factory=Budget)
+    task: str = DEFAULT_TASK
 
     @property
     def name(self) -> str:
-        """The run folder's name (also verl's experiment name)."""
-        return f"{self.pressure.name}__{self.method}__s{self.seed}"
+        """The run folder's name (also verl's experiment name); the default task's runs keep the name
+        they had before tasks were an axis, so their folders and archived rows stay valid."""
+        base = f"{self.pressure.name}__{self.method}__s{self.seed}"
+        return base if self.task == DEFAULT_TASK else f"{self.task}__{base}"
+
+    @property
+    def algo(self) -> str:
+        """The ``ALGO`` of examples/common.sh that the launcher runs."""
+        return METHOD_SPECS[self.method].algo
 
     def batch(self) -> tuple[int, int, int]:
         """``(TRAIN_BATCH_SIZE, PPO_MINI_BATCH_SIZE, MICRO_BATCH_PER_GPU)`` for this run.
@@ -174,9 +219,11 @@ class RunSpec:
             "LOG_PROB_MICRO_BATCH_PER_GPU": str(b.trajectories),
             "PREPARE_ARGS": " ".join(b.prepare_args),
             "OLD_LOG_PROBS": self.pressure.old_log_probs,
+            "TASK": self.task,
         }
         if self.pressure.actor_lr is not None:
             env["ACTOR_LR"] = repr(self.pressure.actor_lr)
+        env.update(dict(METHOD_SPECS[self.method].env))
         env.update(dict(b.env))
         return env
 
@@ -187,12 +234,13 @@ class RunSpec:
             "trainer.max_actor_ckpt_to_keep=1",
             "trainer.max_critic_ckpt_to_keep=1",
             *self.pressure.overrides,
+            *METHOD_SPECS[self.method].overrides,
             *self.budget.overrides,
         ]
 
     def record(self) -> dict:
         """What identifies the run's settings (written to its folder; a rerun must match it)."""
-        return {
+        record = {
             "name": self.name,
             "pressure": asdict(self.pressure),
             "method": self.method,
@@ -200,6 +248,9 @@ class RunSpec:
             "env": self.env(),
             "overrides": self.overrides(),
         }
+        if self.task != DEFAULT_TASK:  # the default task's records keep their earlier keys
+            record["task"] = self.task
+        return record
 
 
 def warm_seed(seed: int, budget: Budget) -> int:
@@ -213,32 +264,50 @@ def warm_seed(seed: int, budget: Budget) -> int:
         raise ValueError(f"PREPARE_SEED must be an integer, got {value!r}") from None
 
 
-def prepare_args(seed: int, budget: Budget) -> list[str]:
-    """The warm start's ``prepare`` options for ``seed``: ``--seed`` first, then the budget's.
+def prepare_args(seed: int, budget: Budget, task: str = DEFAULT_TASK) -> list[str]:
+    """The warm start's ``prepare`` options for ``task`` and ``seed``: ``--task``, ``--seed``, then the budget's.
 
-    ``run_demo.sh`` prepares with ``--seed $PREPARE_SEED --topk $TOPK --max-obs-length $MAX_OBS_LENGTH
-    --guess-fraction $DEMO_MIX $PREPARE_ARGS`` (``PREPARE_SEED`` defaults to ``SEED``); the cache is
-    prepared with the same options (the variables when the budget sets them, else both sides use
-    the same defaults), so the copy in each run folder is what run_demo.sh would have made, and
+    ``run_demo.sh`` prepares with ``--task $TASK --seed $PREPARE_SEED --topk $TOPK --max-obs-length
+    $MAX_OBS_LENGTH --demo-mix $DEMO_MIX $PREPARE_ARGS`` (``PREPARE_SEED`` defaults to ``SEED``); the
+    cache is prepared with the same options (the variables when the budget sets them, else both sides
+    use the task's defaults), so the copy in each run folder is what run_demo.sh would have made, and
     its ``prepare`` step skips it.
     """
     env = dict(budget.env)
-    args = ["--seed", str(warm_seed(seed, budget))]
+    args = ["--task", task, "--seed", str(warm_seed(seed, budget))]
     # run_demo.sh always passes these (its agent loop must match the demonstrations)
-    for var, option in (("TOPK", "--topk"), ("MAX_OBS_LENGTH", "--max-obs-length"), ("DEMO_MIX", "--guess-fraction")):
+    for var, option in (("TOPK", "--topk"), ("MAX_OBS_LENGTH", "--max-obs-length"), ("DEMO_MIX", "--demo-mix")):
         if var in env:
             args += [option, env[var]]
     return args + list(budget.prepare_args)
 
 
+def check_task(task: str) -> str:
+    """``task`` if the quick start has it and plays it through the search loop; ValueError naming the choices."""
+    from sorl_verl.quickstart.tasks import get_task, task_names
+
+    choices = search_loop_tasks()
+    if task not in task_names() or get_task(task).launcher != "run_demo.sh":
+        raise ValueError(f"unknown task {task!r} for the stability benchmark; choose one of: {', '.join(choices)}")
+    return task
+
+
+def search_loop_tasks() -> tuple[str, ...]:
+    """The quick-start tasks the sweep can run (those of ``run_demo.sh``)."""
+    from sorl_verl.quickstart.tasks import get_task, task_names
+
+    return tuple(t for t in task_names() if get_task(t).launcher == "run_demo.sh")
+
+
 def build_grid(
     pressures: list[str] | tuple[str, ...] = DEFAULT_PRESSURES,
-    methods: list[str] | tuple[str, ...] = METHODS,
+    methods: list[str] | tuple[str, ...] = DEFAULT_METHODS,
     seeds: list[int] | tuple[int, ...] = DEFAULT_SEEDS,
     budget: Budget | None = None,
     registry: dict[str, Pressure] | None = None,
+    tasks: list[str] | tuple[str, ...] = (DEFAULT_TASK,),
 ) -> list[RunSpec]:
-    """Runs in sweep order: seed, then pressure, then method (a partial sweep covers every cell once)."""
+    """Runs in sweep order: seed, then task, then pressure, then method (a partial sweep covers every cell once)."""
     registry = PRESSURES if registry is None else registry
     budget = budget or Budget()
     unknown = [p for p in pressures if p not in registry]
@@ -247,12 +316,14 @@ def build_grid(
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method(s) {', '.join(bad)}; known: {', '.join(METHODS)}")
-    for name, values in (("pressures", pressures), ("methods", methods), ("seeds", seeds)):
+    for task in tasks:
+        check_task(task)
+    for name, values in (("pressures", pressures), ("methods", methods), ("seeds", seeds), ("tasks", tasks)):
         if not values:
             raise ValueError(f"no {name} selected")
         if len(set(values)) != len(values):
             raise ValueError(f"{name} repeated: {list(values)}")
-    runs = [RunSpec(registry[p], m, s, budget) for s in seeds for p in pressures for m in methods]
+    runs = [RunSpec(registry[p], m, s, budget, t) for s in seeds for t in tasks for p in pressures for m in methods]
     for run in runs:
         run.batch()  # raises for a batch that does not split
     return runs

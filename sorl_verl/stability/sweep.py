@@ -4,8 +4,8 @@ Layout of a sweep folder::
 
     sweep.json                    the grid of the last call and every run's status
     warm_start/seed-<N>/          task/, model/, prepare.json (python -m sorl_verl.quickstart prepare)
-    warm_start/seed-<N>.log       its output
-    runs/<pressure>__<method>__s<seed>/
+    warm_start/seed-<N>.log       its output (other tasks than search: warm_start/<task>-seed-<N>/)
+    runs/[<task>__]<pressure>__<method>__s<seed>/
         task -> ../../warm_start/seed-<N>/task      (symlinks: every method starts from one model)
         model -> ../../warm_start/seed-<N>/model
         prepare.json              copy (run_demo.sh's prepare step finds it and skips)
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
-from sorl_verl.stability.grid import Budget, RunSpec, prepare_args, warm_seed
+from sorl_verl.stability.grid import DEFAULT_TASK, Budget, RunSpec, prepare_args, warm_seed
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "examples" / "quickstart" / "run_demo.sh"
@@ -69,8 +69,9 @@ def run_dir(sweep_dir: Path, spec: RunSpec) -> Path:
     return sweep_dir / "runs" / spec.name
 
 
-def warm_dir(sweep_dir: Path, seed: int) -> Path:
-    return sweep_dir / "warm_start" / f"seed-{seed}"
+def warm_dir(sweep_dir: Path, seed: int, task: str = DEFAULT_TASK) -> Path:
+    """The warm start of ``task`` and ``seed`` (the default task's keeps its earlier place)."""
+    return sweep_dir / "warm_start" / (f"seed-{seed}" if task == DEFAULT_TASK else f"{task}-seed-{seed}")
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -142,7 +143,7 @@ def final_step_logged(folder: Path, steps: int) -> bool:
 
 
 def launch_command(spec: RunSpec, folder: Path) -> list[str]:
-    return ["bash", str(LAUNCHER), spec.method, "--out", str(folder), *spec.overrides()]
+    return ["bash", str(LAUNCHER), spec.algo, "--out", str(folder), *spec.overrides()]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -166,10 +167,15 @@ _KNOB = re.compile(r"\$\{([A-Z_][A-Z0-9_]*):-")
 
 
 def launcher_knobs() -> set[str]:
-    """Names of the variables run_demo.sh and common.sh read with a default (``${NAME:-...}``)."""
+    """Names of the variables run_demo.sh and common.sh read with a default (``${NAME:-...}``), and the
+    variables a task gives defaults to."""
+    from sorl_verl.quickstart.tasks import get_task, task_names
+
     names: set[str] = set()
     for script in (LAUNCHER, LAUNCHER.parents[1] / "common.sh"):
         names.update(_KNOB.findall(script.read_text(encoding="utf-8")))
+    for task in task_names():  # run_demo.sh takes these defaults from the task (quickstart defaults TASK)
+        names.update(get_task(task).defaults)
     return names - _KEEP
 
 
@@ -216,16 +222,18 @@ def finish_report(spec: RunSpec, folder: Path) -> None:
     )
 
 
-def prepare_warm_start(sweep_dir: Path, seed: int, budget: Budget, log: Callable[[str], None]) -> Path:
-    """``python -m sorl_verl.quickstart prepare`` into the seed's cache folder (skipped when done)."""
+def prepare_warm_start(
+    sweep_dir: Path, seed: int, budget: Budget, log: Callable[[str], None], task: str = DEFAULT_TASK
+) -> Path:
+    """``python -m sorl_verl.quickstart prepare`` into the task's and seed's cache folder (skipped when done)."""
     seed = warm_seed(seed, budget)
-    warm = warm_dir(sweep_dir, seed)
+    warm = warm_dir(sweep_dir, seed, task)
     if (warm / PREPARE_MARKER).is_file():
         return warm
     warm.parent.mkdir(parents=True, exist_ok=True)
-    log_path = warm.parent / f"seed-{seed}.log"
-    cmd = [sys.executable, "-m", "sorl_verl.quickstart", "prepare", str(warm), *prepare_args(seed, budget)]
-    log(f"warm start, seed {seed}: python {' '.join(cmd[1:])} (log: {log_path})")
+    log_path = warm.parent / f"{warm.name}.log"
+    cmd = [sys.executable, "-m", "sorl_verl.quickstart", "prepare", str(warm), *prepare_args(seed, budget, task)]
+    log(f"warm start, {task} seed {seed}: python {' '.join(cmd[1:])} (log: {log_path})")
     started = time.time()
     # torch threads as run_demo.sh's prepare step (PREPARE_THREADS, default 1): the sum order of
     # SFT, hence the warm start's bits, depends on the thread count
@@ -235,9 +243,9 @@ def prepare_warm_start(sweep_dir: Path, seed: int, budget: Budget, log: Callable
     if done.returncode != 0 or not (warm / PREPARE_MARKER).is_file():
         tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
         raise SweepError(
-            f"warm start for seed {seed} failed (status {done.returncode}); see {log_path}:\n" + "\n".join(tail)
+            f"warm start for {task} seed {seed} failed (status {done.returncode}); see {log_path}:\n" + "\n".join(tail)
         )
-    log(f"warm start, seed {seed}: ready in {time.time() - started:.0f} s")
+    log(f"warm start, {task} seed {seed}: ready in {time.time() - started:.0f} s")
     return warm
 
 
@@ -270,11 +278,13 @@ def write_manifest(sweep_dir: Path, specs: list[RunSpec], args: dict) -> None:
             "pressures": {s.pressure.name: asdict(s.pressure) for s in specs},
             "methods": list(dict.fromkeys(s.method for s in specs)),
             "seeds": list(dict.fromkeys(s.seed for s in specs)),
+            "tasks": list(dict.fromkeys(s.task for s in specs)),
             "budget": asdict(budget),
         },
         "runs": [
             {
                 "name": s.name,
+                "task": s.task,
                 "pressure": s.pressure.name,
                 "method": s.method,
                 "seed": s.seed,
@@ -319,12 +329,12 @@ def run_sweep(
     total = len(specs)
     for i, spec in enumerate(specs, start=1):
         folder = run_dir(sweep_dir, spec)
-        head = f"[{i}/{total}] {spec.pressure.name} {spec.method} seed {spec.seed}"
+        head = f"[{i}/{total}] {spec.task} {spec.pressure.name} {spec.method} seed {spec.seed}"
         if run_status(sweep_dir, spec) == "finished":
             outcomes.append(Outcome(spec.name, "skipped", detail="finished earlier"))
             log(f"{head}: finished earlier, skipped")
             continue
-        warm = prepare_warm_start(sweep_dir, spec.seed, spec.budget, log)
+        warm = prepare_warm_start(sweep_dir, spec.seed, spec.budget, log, spec.task)
         record = check_record(folder, spec)
         link_warm_start(folder, warm)
         if record is None:
@@ -332,7 +342,7 @@ def run_sweep(
         resume_at = checkpoint_step(folder)
         trained = resume_at >= spec.budget.steps and final_step_logged(folder, spec.budget.steps)
         left = len([s for s in specs[i - 1 :] if run_status(sweep_dir, s) != "finished"])
-        eta = f", ETA {_fmt_minutes(sum(spent) / len(spent) * left)} for {left} runs" if spent else ""
+        eta = f", {left} runs left" + (f", ETA {_fmt_minutes(sum(spent) / len(spent) * left)}" if spent else "")
         if trained:
             note = f" (trained to step {resume_at} earlier: report only)"
         else:

@@ -50,6 +50,8 @@ GRPO_NAMES = {
     "so_ppo": "SO-GRPO",
     # verl's GSPO (arXiv 2507.18071): a sequence-level ratio with group-relative advantages.
     "gspo": "GSPO",
+    # verl's CISPO (arXiv 2506.13585): clipped, stop-gradient importance weights per token.
+    "cispo": "CISPO",
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sorl_verl.stability.analysis import area_under_curve, is_collapsed, load_results, write_report
+from sorl_verl.stability.analysis import archived_results, area_under_curve, is_collapsed, load_results, write_report
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
 from sorl_verl.stability.sweep import (
@@ -24,6 +24,7 @@ from sorl_verl.stability.sweep import (
     launcher_knobs,
     run_status,
     run_sweep,
+    warm_dir,
 )
 
 LOSS = {
@@ -39,8 +40,9 @@ LOSS = {
 
 def test_default_grid_is_every_pressure_method_seed_in_seed_major_order():
     runs = build_grid()
-    assert len(runs) == len(PRESSURES) * 7 * 3 == 126  # 6 pressures x 7 methods x 3 seeds
-    assert len({r.name for r in runs}) == 126
+    assert len(runs) == len(PRESSURES) * 8 * 3 == 144  # 6 pressures x 8 methods x 3 seeds
+    assert len({r.name for r in runs}) == 144
+    assert {r.task for r in runs} == {"search"}
     assert [r.seed for r in runs] == sorted(r.seed for r in runs)  # seed 1's cells first
     assert runs[0].name == "reuse_1x2__grpo__s1"
 
@@ -87,11 +89,36 @@ def test_pressure_learning_rate_and_budget_extras_reach_the_launcher():
 
 
 def test_prepare_args_follow_what_run_demo_passes():
-    assert prepare_args(3, Budget()) == ["--seed", "3"]
+    assert prepare_args(3, Budget()) == ["--task", "search", "--seed", "3"]
     budget = Budget(env=(("TOPK", "2"),), prepare_args=("--sft-steps", "50"))
-    assert prepare_args(1, budget) == ["--seed", "1", "--topk", "2", "--sft-steps", "50"]
+    assert prepare_args(1, budget, "multihop") == ["--task", "multihop", "--seed", "1", "--topk", "2", "--sft-steps", "50"]
     shared = Budget(env=(("PREPARE_SEED", "7"), ("DEMO_MIX", "0.25")))  # one warm start for every RL seed
-    assert prepare_args(3, shared) == ["--seed", "7", "--guess-fraction", "0.25"]
+    assert prepare_args(3, shared) == ["--task", "search", "--seed", "7", "--demo-mix", "0.25"]
+
+
+def test_task_is_part_of_a_runs_identity_and_environment():
+    search = RunSpec(PRESSURES["reuse_8x8"], "ppo", 1)
+    multihop = RunSpec(PRESSURES["reuse_8x8"], "ppo", 1, task="multihop")
+    assert search.name == "reuse_8x8__ppo__s1"  # the default task's names predate the task axis
+    assert multihop.name == "multihop__reuse_8x8__ppo__s1"
+    assert multihop.env()["TASK"] == "multihop" and search.env()["TASK"] == "search"
+    assert multihop.record()["task"] == "multihop" and "task" not in search.record()
+    runs = build_grid(pressures=["reuse_8x8"], methods=["ppo", "grpo"], seeds=[1, 2], tasks=["multihop", "medical"])
+    assert [(r.seed, r.task, r.method) for r in runs] == [
+        (s, t, m) for s in (1, 2) for t in ("multihop", "medical") for m in ("ppo", "grpo")
+    ]
+    with pytest.raises(ValueError, match="unknown task 'math'.*medical, multihop, search"):
+        build_grid(tasks=["math"])  # the math task has its own launcher
+
+
+def test_method_variants_run_their_algo_with_the_variant_settings():
+    absolute = RunSpec(PRESSURES["reuse_8x8"], "s_ppo+absolute", 1)
+    sequence = RunSpec(PRESSURES["reuse_8x8"], "s_ppo+sequence", 1)
+    assert absolute.algo == sequence.algo == "s_ppo"
+    assert absolute.env()["SORL_NORMALIZATION"] == "absolute"
+    assert "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence" in sequence.overrides()
+    assert "SORL_NORMALIZATION" not in sequence.env()
+    assert RunSpec(PRESSURES["reuse_8x8"], "cispo", 1).batch() == (8, 1, 8)  # critic-free: groups of 8
 
 
 def test_grid_errors_name_the_problem():
@@ -145,9 +172,9 @@ def test_a_new_pressure_is_one_entry():
 # ---------------------------------------------------------------- synthetic runs
 
 
-def warm_start(sweep: Path, seed: int) -> None:
+def warm_start(sweep: Path, seed: int, task: str = "search") -> None:
     """A prepared warm start, so the sweep skips `prepare` (the real one takes minutes)."""
-    warm = sweep / "warm_start" / f"seed-{seed}"
+    warm = warm_dir(sweep, seed, task)
     for name in ("task", "model"):
         (warm / name).mkdir(parents=True, exist_ok=True)
     (warm / "prepare.json").write_text(json.dumps({"config": {"seed": seed}}))
@@ -205,9 +232,13 @@ class FakeLauncher:
         return 0
 
 
-def small_grid(methods=("grpo", "so_grpo"), seeds=(1,), steps=4):
+def small_grid(methods=("grpo", "so_grpo"), seeds=(1,), steps=4, tasks=("search",)):
     return build_grid(
-        pressures=["reuse_1x2"], methods=list(methods), seeds=list(seeds), budget=Budget(steps=steps, test_freq=2)
+        pressures=["reuse_1x2"],
+        methods=list(methods),
+        seeds=list(seeds),
+        budget=Budget(steps=steps, test_freq=2),
+        tasks=list(tasks),
     )
 
 
@@ -332,10 +363,10 @@ def test_report_table_and_figures(tmp_path):
     info = write_report(tmp_path)
     assert info["runs"] == 4 and info["cells"] == 2
     table = (tmp_path / "stability.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| reuse")]
-    assert rows[0].split(" | ")[1:3] == ["GRPO", "2"]
+    rows = [line for line in table.splitlines() if line.startswith("| search | reuse")]
+    assert rows[0].split(" | ")[2:4] == ["GRPO", "2"]
     assert "| 0.250 ± 0.212 |" in rows[0] and "| 1/2 |" in rows[0]  # final: mean and std of 0.1, 0.4
-    assert rows[1].split(" | ")[1] == "ST-PPO" and "| 0/2 |" in rows[1] and "0.050" in rows[1]  # turn clip logged
+    assert rows[1].split(" | ")[2] == "ST-PPO" and "| 0/2 |" in rows[1] and "0.050" in rows[1]  # turn clip logged
     assert rows[0].endswith("| - |")  # GRPO logs no turn clip fraction
     cells = list(csv.DictReader(io.StringIO((tmp_path / "stability.csv").read_text())))
     assert cells[1]["algo"] == "st_ppo" and float(cells[1]["final_mean"]) == pytest.approx(0.7)
@@ -360,7 +391,7 @@ def test_cli_dry_run_and_report_errors(tmp_path, capsys):
     n = len(QUICK["pressures"]) * len(QUICK["methods"]) * len(QUICK["seeds"])
     first = f"{QUICK['pressures'][0]}__{QUICK['methods'][0]}__s{QUICK['seeds'][0]}"
     assert f"[1/{n}] {first}: new" in text and f"[{n}/{n}]" in text and f"[{n + 1}/" not in text
-    assert "warm starts to prepare: seed 1" in text and "run_demo.sh grpo --out" in text
+    assert "warm starts to prepare: search seed 1" in text and "run_demo.sh grpo --out" in text
     assert not out.exists()  # a dry run writes nothing
     assert main(["report", "--out", str(out)]) == 2
     assert main(["run", "--out", str(out), "--methods", "grpo", "--trajectories", "24", "--dry-run"]) == 2
@@ -460,3 +491,35 @@ def test_an_archived_runs_csv_joins_the_table_and_a_run_folder_wins(tmp_path, ca
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     assert main(["report", "--out", str(second), "--archive", str(tmp_path / "other.csv")]) == 2
     assert "not a stability_runs.csv" in capsys.readouterr().err
+
+
+def test_report_across_tasks_in_the_papers_layout(tmp_path):
+    specs = small_grid(methods=("grpo", "st_ppo"), tasks=("search", "multihop"))
+    for task in ("search", "multihop"):
+        warm_start(tmp_path, 1, task)
+    curves = {
+        "reuse_1x2__grpo__s1": {0: 0.4, 2: 0.5, 4: 0.45},
+        "reuse_1x2__st_ppo__s1": {0: 0.4, 2: 0.6, 4: 0.6},
+        "multihop__reuse_1x2__grpo__s1": {0: 0.1, 2: 0.3, 4: 0.2},
+        "multihop__reuse_1x2__st_ppo__s1": {0: 0.1, 2: 0.2, 4: 0.05},  # collapsed: below half its peak
+    }
+    run_sweep(tmp_path, specs, launch=FakeLauncher(curves=curves, sorl={"st_ppo"}), log=quiet)
+    info = write_report(tmp_path)
+    assert info["runs"] == 4 and info["cells"] == 4
+    assert {"validation_search.png", "validation_multihop.png"} <= set(info["written"])
+    paper = (tmp_path / "stability_paper.md").read_text().splitlines()
+    header = next(line for line in paper if line.startswith("| Method"))
+    assert header.split(" | ")[2:4] == ["search: final", "search: peak"] and "multihop: collapsed" in header
+    grpo = next(line for line in paper if line.startswith("| GRPO |")).split(" | ")
+    assert grpo[1:4] == ["reuse_1x2", "0.450", "0.500"] and grpo[6:9] == ["0.200", "0.300", "0/1"]
+    st = next(line for line in paper if line.startswith("| ST-PPO |")).split(" | ")
+    assert st[6:9] == ["0.050", "0.200", "1/1"]
+    # the per-run archive keeps the task; an archive without the column reads as the default task
+    archive = tmp_path / "stability_runs.csv"
+    rows = list(csv.DictReader(io.StringIO(archive.read_text())))
+    assert [r["task"] for r in rows] == ["search", "search", "multihop", "multihop"]
+    old = tmp_path / "old.csv"
+    old.write_text("\n".join(",".join(v for k, v in zip(rows[0], line.split(","), strict=True) if k != "task")
+                             for line in archive.read_text().splitlines()) + "\n")  # fmt: skip
+    assert {r.task for r in archived_results(old)} == {"search"}
+    assert [r.task for r in archived_results(archive)] == ["search", "search", "multihop", "multihop"]

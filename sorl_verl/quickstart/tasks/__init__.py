@@ -1,0 +1,95 @@
+"""The quick start's tasks, one module each behind one small interface.
+
+A task is a module of this package that defines ``TASK``, a :class:`QuickstartTask`: how to
+prepare a run folder (generate the facts, render the rows, write the demonstrations, train and
+check the warm start), the options of its ``prepare`` command line, and the launcher with the
+defaults of the launcher's variables. ``python -m sorl_verl.quickstart prepare --task NAME``,
+``make demo TASK=NAME`` and ``python -m sorl_verl.stability run --task NAME`` find tasks here by
+module name, so a new task is one new file in this folder.
+
+==========  ===============================================================  ====================
+task        what the agent must learn                                         launcher
+==========  ===============================================================  ====================
+search      when to search: one lookup of a made-up fact                      ``run_demo.sh``
+multihop    to go on searching: two or three chained lookups                  ``run_demo.sh``
+medical     to search before choosing an option (multiple choice, letter)     ``run_demo.sh``
+math        to finish the computation (single turn, asynchronous trainer)     ``run_math_demo.sh``
+==========  ===============================================================  ====================
+
+Every task is ours (not the paper's): a miniature of one of the paper's task families that a
+~1M-parameter model learns on two CPU cores in minutes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_TASK = "search"
+
+
+@dataclass(frozen=True)
+class Option:
+    """A task-specific option of ``python -m sorl_verl.quickstart prepare``: ``--flag`` sets config ``field``."""
+
+    field: str
+    flag: str
+    type: type
+    help: str
+
+
+@dataclass(frozen=True)
+class QuickstartTask:
+    """One quick-start task.
+
+    Attributes:
+        name: the module's name (``TASK=name``).
+        summary: one line, shown in ``--help`` and errors.
+        config: the task's prepare settings, a :class:`~sorl_verl.quickstart.prepare.WarmStartConfig`
+            dataclass (recorded in ``prepare.json``; a rerun must match).
+        prepare: ``prepare(run_dir, cfg, show_progress) -> info``: steps 1-2 into ``run_dir`` unless
+            ``prepare.json`` says they are done (:func:`sorl_verl.quickstart.prepare.prepare_run`).
+        report: ``report(info) -> str``: one line on what ``prepare`` made.
+        demo_mix: the config field the launcher's ``DEMO_MIX`` sets (``--demo-mix``): the share of the
+            demonstrated choices that stop early, which is what RL has to unlearn.
+        options: the task's own command-line options.
+        launcher: the script under ``examples/quickstart/`` that runs the demo.
+        defaults: the launcher's variables for this task (``NAME -> value``), used when not set.
+    """
+
+    name: str
+    summary: str
+    config: type
+    prepare: Callable[..., dict]
+    report: Callable[[dict], str]
+    demo_mix: str
+    options: tuple[Option, ...] = ()
+    launcher: str = "run_demo.sh"
+    defaults: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def launcher_path(self) -> Path:
+        return Path(__file__).resolve().parents[3] / "examples" / "quickstart" / self.launcher
+
+
+class UnknownTask(ValueError):
+    """A task name that is not a module of this package."""
+
+
+def task_names() -> tuple[str, ...]:
+    """The tasks of this package, sorted (every module not starting with ``_``)."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
+
+def get_task(name: str) -> QuickstartTask:
+    """The task called ``name``; :class:`UnknownTask` naming the choices for any other name."""
+    names = task_names()
+    if name not in names:
+        raise UnknownTask(f"unknown task {name!r}; choose one of: {', '.join(names)}")
+    task = importlib.import_module(f"{__name__}.{name}").TASK
+    if task.name != name:
+        raise RuntimeError(f"{__name__}.{name} defines the task {task.name!r}; a task's name is its module's")
+    return task

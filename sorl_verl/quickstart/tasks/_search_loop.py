@@ -1,0 +1,191 @@
+"""What the tasks played through the ``search_r1`` loop share: a knowledge base of made-up facts
+appended to the embedded Wikipedia corpus, its BM25 index, verl rows, and a warm start on
+demonstrations that show the real retrieved passages.
+
+A task supplies a :class:`SearchLoopSpec` (generate items, their documents and rows, each item's
+search queries and demonstration); :func:`prepare_search_loop` does the rest. Our design, as the
+search quick start's (:mod:`sorl_verl.quickstart.task`), whose tokens, tags and demonstration mix
+it reuses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from data_prep._common import write_parquet_atomic
+from sorl_verl.fileio import write_text_atomic
+from sorl_verl.quickstart.prepare import WarmStartConfig, prepare_run, warm_start_with_retry
+from sorl_verl.quickstart.task import (
+    GUESS,
+    SEARCH,
+    SEARCH_R1_TAGS,
+    SPLITS,
+    corpus_vocabulary,
+    plan_demonstrations,
+)
+
+Segments = list[tuple[str, bool]]
+
+
+class SearchLoopSpec(Protocol):
+    """The task-specific half of a search-loop task (items are frozen dataclasses with a ``split``)."""
+
+    def generate(self, cfg: Any, reserved_words: set[str]) -> list: ...
+
+    def documents(self, items: list) -> list[dict]: ...
+
+    def row(self, item, index: int) -> dict: ...
+
+    def prompt(self, item) -> str: ...
+
+    def queries(self, item) -> list[str]: ...
+
+    def demonstration(self, item, observations: list[str], kind: str) -> Segments: ...
+
+    def words(self, items: list) -> list[str]: ...
+
+    def describe(self, items: list) -> dict: ...
+
+
+def prompt_messages(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def build_task(spec: SearchLoopSpec, task_dir: Path, cfg) -> list:
+    """Items, corpus, BM25 index and parquet rows in ``task_dir``; returns the items."""
+    from sorl_verl.retrieval import build_index, embedded_corpus_path
+    from sorl_verl.retrieval.corpus import iter_corpus, write_jsonl_atomic
+
+    task_dir.mkdir(parents=True, exist_ok=True)
+    base_rows = []
+    if cfg.include_wiki:
+        base_rows = [{"id": f"wiki-{d.id}", "contents": d.contents} for d in iter_corpus(embedded_corpus_path())]
+    items = spec.generate(cfg, corpus_vocabulary(r["contents"] for r in base_rows))
+    write_text_atomic(task_dir / "items.jsonl", "".join(json.dumps(asdict(i)) + "\n" for i in items))
+    corpus_path = task_dir / "corpus.jsonl.gz"
+    write_jsonl_atomic(base_rows + spec.documents(items), corpus_path)
+    build_index(corpus_path, task_dir / "index", method="bm25", overwrite=True, show_progress=False)
+    for split in ("train", "val"):
+        rows = [spec.row(item, i) for i, item in enumerate(i for i in items if i.split == split)]
+        write_parquet_atomic(rows, task_dir / f"{split}.parquet")
+    return items
+
+
+def observations(spec: SearchLoopSpec, items: list, index_dir: Path, topk: int) -> list[list[str]]:
+    """For each item, the observation the agent loop shows after each of its queries (one batched search)."""
+    from sorl_verl.agent.retrieval_client import format_passages
+    from sorl_verl.agent.search_r1_loop import information_block
+    from sorl_verl.retrieval import load_retriever
+
+    queries = [spec.queries(item) for item in items]
+    flat = [q for qs in queries for q in qs]
+    hits = load_retriever(index_dir).search(flat, topk=topk) if flat else []
+    blocks = iter(information_block(format_passages(h)) for h in hits)
+    return [[next(blocks) for _ in qs] for qs in queries]
+
+
+@dataclass
+class Demonstrations:
+    """Picklable ``make_examples`` of :func:`~sorl_verl.quickstart.prepare.warm_start_with_retry`:
+    ``prompts[i]`` followed by ``segments[i]``, observations cut to ``max_obs_length`` tokens."""
+
+    prompts: list[str]
+    segments: list[Segments]
+    max_obs_length: int
+
+    def __call__(self, tokenizer) -> list:
+        from sorl_verl.quickstart.sft import tokenize_trajectory
+
+        return [
+            tokenize_trajectory(tokenizer, prompt_messages(p), s, self.max_obs_length)
+            for p, s in zip(self.prompts, self.segments, strict=True)
+        ]
+
+
+@dataclass
+class TrajectoryCheck:
+    """Picklable warm-start check: the share of held-out demonstrations (never trained on) that the
+    model writes exactly, teacher-forced and greedy, the ``<search>`` tag not checked (the choice to
+    search is the coin RL acts on; :func:`~sorl_verl.quickstart.sft.teacher_forced_exact`). It is
+    about the ceiling of the score RL can reach by changing that choice alone."""
+
+    demonstrations: Demonstrations
+
+    def __call__(self, model_dir: Path, cfg) -> float:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from sorl_verl.quickstart.sft import pad_token_id, teacher_forced_exact
+
+        if not self.demonstrations.prompts:
+            return float("nan")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+        examples = self.demonstrations(tokenizer)
+        search_tag = tokenizer.convert_tokens_to_ids("<search>")
+        return teacher_forced_exact(model, examples, pad_token_id(tokenizer), ignore_targets=[search_tag])
+
+
+CHECK_ITEMS = 100
+
+
+def build_model(spec: SearchLoopSpec, run_dir: Path, items: list, cfg, demo_mix: float, show_progress: bool) -> dict:
+    """Tiny model + tokenizer, SFT on the ``sft`` items' demonstrations (a share ``demo_mix`` of the
+    choices stop early: :func:`~sorl_verl.quickstart.task.plan_demonstrations`), checked on the first
+    :data:`CHECK_ITEMS` RL training items; returns the warm start's stats."""
+    index_dir = run_dir / "task" / "index"
+    sft = [i for i in items if i.split == "sft"]
+    held_out = [i for i in items if i.split == "train"][:CHECK_ITEMS]
+    kinds = plan_demonstrations(len(sft), demo_mix, seed=cfg.seed)
+    sft_obs = observations(spec, sft, index_dir, cfg.topk)
+    segments = [spec.demonstration(i, o, k) for i, o, k in zip(sft, sft_obs, kinds, strict=True)]
+    check_obs = observations(spec, held_out, index_dir, cfg.topk)
+    check = Demonstrations(
+        [spec.prompt(i) for i in held_out],
+        [spec.demonstration(i, o, SEARCH) for i, o in zip(held_out, check_obs, strict=True)],
+        cfg.max_obs_length,
+    )
+    texts = [spec.prompt(i) for i in items] + [d["contents"] for d in spec.documents(items)]
+    texts += [text for demo in segments for text, _ in demo]
+    stats = warm_start_with_retry(
+        run_dir,
+        cfg,
+        texts=texts,
+        extra_tokens=(*SEARCH_R1_TAGS, *spec.words(items)),
+        make_examples=Demonstrations([spec.prompt(i) for i in sft], segments, cfg.max_obs_length),
+        check=TrajectoryCheck(check),
+        show_progress=show_progress,
+    )
+    return {**stats, "sft_early_examples": kinds.count(GUESS), "sft_choice_taught": kinds.count(SEARCH)}
+
+
+def prepare_search_loop(
+    spec: SearchLoopSpec, run_dir, cfg: WarmStartConfig, demo_mix_field: str, show_progress: bool = True
+) -> dict:
+    """Steps 1-2 of a search-loop task (:func:`~sorl_verl.quickstart.prepare.prepare_run`'s contract)."""
+
+    def task(task_dir: Path, c) -> list:
+        return build_task(spec, task_dir, c)
+
+    def model(run_dir: Path, items: list, c, show_progress: bool = True) -> dict:
+        return build_model(spec, run_dir, items, c, getattr(c, demo_mix_field), show_progress)
+
+    return prepare_run(run_dir, cfg, task, model, spec.describe, show_progress)
+
+
+def count_by_split(items: Sequence, key=None) -> dict:
+    """``{split: count}`` or, with ``key``, ``{split: {key(item): count}}``."""
+    if key is None:
+        return {s: sum(i.split == s for i in items) for s in SPLITS}
+    out: dict[str, dict[str, int]] = {}
+    for s in SPLITS:
+        counts: dict[str, int] = {}
+        for i in items:
+            if i.split == s:
+                counts[str(key(i))] = counts.get(str(key(i)), 0) + 1
+        out[s] = dict(sorted(counts.items()))
+    return out

@@ -1,0 +1,263 @@
+"""Multi-hop QA in miniature: questions that need two or three chained lookups.
+
+Ours (the paper's multi-hop sets are HotpotQA, 2WikiMultiHopQA, MuSiQue and Bamboogle; this is a
+made-up knowledge base a ~1M-parameter model learns on two CPU cores). Every question follows a
+*chain* of made-up entities, each fact its own document appended to the embedded Wikipedia corpus:
+
+    country --capital|port--> city --founder|mayor--> person --birthplace--> town
+
+- 2-hop: "Take the port of Tavo Kemu. Who is its mayor?" (answer: the person);
+- 3-hop: "Take the port of Tavo Kemu. Where was its mayor born?" (answer: the town).
+
+The second query names the entity the first search returned ("<city> mayor"), the third the one
+the second returned: the hops are chained, and a good trajectory has 3 (2-hop) or 4 (3-hop)
+model turns. Every entity belongs to one chain, and chains are split into ``sft`` (warm-start
+demonstrations), ``train`` (RL prompts) and ``val`` (validation), so the facts of the three splits
+are disjoint: a validation question can only be answered by searching.
+
+The warm start leaves RL a decision to learn, as the search quick start does: in a share
+``early_answer_fraction`` of the demonstrated choices the demonstration answers right after the
+first hop, with the entity it found (a city: always wrong). The choice is one token after the
+second thought (``<search>`` or ``<answer>``), so the warm start learns it as a coin: greedy
+validation answers after one hop (about 0 exact match) and sampled rollouts go on searching about
+``1 - early_answer_fraction`` of the time. After the second hop the demonstrations are all
+right: a 2-hop question is answered, a 3-hop one searched once more (the second sentence's first
+word, "Who" or "Where", tells which).
+
+Rows use the project's row schema (:func:`data_prep._common.make_row`), the ``search_r1`` agent and
+the ``qa_em`` reward, with the multi-hop data source names the real recipe uses: ``hotpotqa`` for
+the 2-hop questions and ``musique`` (composed questions of two to four hops) for the 3-hop ones.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from data_prep._common import make_row
+from sorl_verl.quickstart.prepare import WarmStartConfig
+from sorl_verl.quickstart.task import AGENT_NAME, GUESS, SEARCH, SPLITS, _unique_words, prompt_messages
+from sorl_verl.quickstart.tasks import Option, QuickstartTask
+from sorl_verl.quickstart.tasks import _search_loop as loop
+
+FIRST_HOP = ("capital", "port")  # country -> city
+SECOND_HOP = ("founder", "mayor")  # city -> person
+THIRD_HOP = "birthplace"  # person -> town
+HOPS = (2, 3)
+DATA_SOURCES = {2: "hotpotqa", 3: "musique"}
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One question's chain of made-up entities; ``hops`` (2 or 3) says where the question ends."""
+
+    country: str
+    first: str  # relation of the first hop (FIRST_HOP)
+    city: str
+    second: str  # relation of the second hop (SECOND_HOP)
+    person: str
+    town: str
+    hops: int
+    split: str
+    chain_id: int
+
+    @property
+    def question(self) -> str:
+        # the hops in the order they are taken: a tiny model copies "the port of X" into its first
+        # thought and query reliably, while picking the inner relation out of "the mayor of the port
+        # of X" it learned as a guess (wrong on the held-out check's 1-in-2 cases)
+        if self.hops == 2:
+            return f"Take the {self.first} of {self.country}. Who is its {self.second}?"
+        return f"Take the {self.first} of {self.country}. Where was its {self.second} born?"
+
+    @property
+    def answer(self) -> str:
+        return self.person if self.hops == 2 else self.town
+
+    @property
+    def facts(self) -> list[tuple[str, str, str]]:
+        """``(entity, relation, value)`` of every fact of the chain, in hop order."""
+        return [(self.country, self.first, self.city), (self.city, self.second, self.person), (self.person, THIRD_HOP, self.town)]
+
+
+_DOCUMENT = {
+    "capital": "{e} is a country. Its capital is {v}.",
+    "port": "{e} is a country. Its port is {v}.",
+    "founder": "{e} is a city. Its founder is {v}.",
+    "mayor": "{e} is a city. Its mayor is {v}.",
+    THIRD_HOP: "{e} is a person. Their birthplace is {v}.",
+}
+
+
+def generate_chains(sizes: dict[str, int], seed: int = 0, reserved_words: set[str] | None = None) -> list[Chain]:
+    """``sizes[split]`` chains per split (listed sft, train, val; deterministic in ``seed``).
+
+    Each chain has four entities of its own (two made-up words each, from two pools of about
+    ``sqrt(4 * chains)`` words, so every word recurs in many names and is learnable as one token),
+    relations and hop count drawn uniformly. ``reserved_words`` (lower case) are never drawn.
+    """
+    if set(sizes) - set(SPLITS) or any(int(sizes.get(s, 0)) < 1 for s in SPLITS):
+        raise ValueError(f"sizes must give a count >= 1 for each of {SPLITS}, got {sizes}")
+    rng = random.Random(seed)
+    taken = set(reserved_words or ())
+    total = sum(int(sizes[s]) for s in SPLITS)
+    pool = max(4, math.isqrt(5 * total) + 1)
+    firsts = _unique_words(rng, pool, (2,), taken)
+    seconds = _unique_words(rng, pool, (2,), taken)
+    names = [f"{a} {b}" for a, b in rng.sample([(a, b) for a in firsts for b in seconds], 4 * total)]
+    chains = []
+    for i, split in enumerate(s for s in SPLITS for _ in range(int(sizes[s]))):
+        country, city, person, town = names[4 * i : 4 * i + 4]
+        chains.append(
+            Chain(
+                country=country,
+                first=rng.choice(FIRST_HOP),
+                city=city,
+                second=rng.choice(SECOND_HOP),
+                person=person,
+                town=town,
+                hops=rng.choice(HOPS),
+                split=split,
+                chain_id=i,
+            )
+        )
+    return chains
+
+
+def documents(chains: list[Chain]) -> list[dict]:
+    """Search-R1 corpus rows, one per fact: ``{"id": "mh-<chain>-<hop>", "contents": '"Entity"\\ntext'}``."""
+    return [
+        {"id": f"mh-{c.chain_id}-{hop}", "contents": f'"{e}"\n' + _DOCUMENT[r].format(e=e, v=v)}
+        for c in chains
+        for hop, (e, r, v) in enumerate(c.facts, start=1)
+    ]
+
+
+def queries(chain: Chain) -> list[str]:
+    """The searches of a full demonstration: one per hop, each naming the entity the last one found."""
+    return [f"{e} {r}" for e, r, _ in chain.facts[: chain.hops]]
+
+
+def demonstration(chain: Chain, observations: list[str], kind: str = SEARCH) -> loop.Segments:
+    """The trajectory as ``(text, trainable)`` segments after the prompt (observations not trainable).
+
+    ``kind`` (:func:`~sorl_verl.quickstart.task.plan_demonstrations`): ``GUESS`` answers after the first
+    hop with the city (wrong); ``SEARCH`` goes on; any other kind goes on with no loss on the choice
+    token (the ``<search>`` after the second thought).
+    """
+    c = chain
+    segments: loop.Segments = [
+        (f"<think> I need the {c.first} of {c.country}. </think>\n<search> {queries(c)[0]} </search>", True),
+        (observations[0], False),
+        (f"<think> The {c.first} is {c.city}. I need the {c.second} of {c.city}. </think>\n", True),
+    ]
+    if kind == GUESS:
+        return segments + [(f"<answer> {c.city} </answer>", True)]
+    segments += [("<search>", kind == SEARCH), (f" {queries(c)[1]} </search>", True), (observations[1], False)]
+    if c.hops == 2:
+        return segments + [(f"<think> The {c.second} is {c.person}. </think>\n<answer> {c.person} </answer>", True)]
+    return segments + [
+        (
+            f"<think> The {c.second} is {c.person}. I need the {THIRD_HOP} of {c.person}. </think>\n"
+            f"<search> {queries(c)[2]} </search>",
+            True,
+        ),
+        (observations[2], False),
+        (f"<think> The {THIRD_HOP} is {c.town}. </think>\n<answer> {c.town} </answer>", True),
+    ]
+
+
+def chain_row(chain: Chain, index: int) -> dict:
+    """One verl row (:data:`data_prep._common.SCHEMA`), scored by ``qa_em``."""
+    return make_row(
+        data_source=DATA_SOURCES[chain.hops],
+        agent_name=AGENT_NAME,
+        content=prompt_messages(chain.question)[0]["content"],
+        ability="fact-reasoning",
+        targets=[chain.answer],
+        split=chain.split,
+        index=index,
+        question=chain.question,
+        retrieval_query=chain.question,
+        source_id=f"mh-{chain.chain_id}",
+        subject=f"{chain.hops}-hop",
+        reward_fn="qa_em",
+    )
+
+
+class _Spec:
+    """:class:`~sorl_verl.quickstart.tasks._search_loop.SearchLoopSpec` of this task."""
+
+    def generate(self, cfg, reserved_words):
+        return generate_chains(cfg.sizes, cfg.seed, reserved_words)
+
+    documents = staticmethod(documents)
+    row = staticmethod(chain_row)
+    queries = staticmethod(queries)
+    demonstration = staticmethod(demonstration)
+
+    @staticmethod
+    def prompt(chain: Chain) -> str:
+        return prompt_messages(chain.question)[0]["content"]
+
+    @staticmethod
+    def words(chains: list[Chain]) -> list[str]:
+        return sorted({w for c in chains for name in (c.country, c.city, c.person, c.town) for w in name.split()})
+
+    @staticmethod
+    def describe(chains: list[Chain]) -> dict:
+        return {"chains": loop.count_by_split(chains), "chains_by_hops": loop.count_by_split(chains, lambda c: c.hops)}
+
+
+SPEC = _Spec()
+
+
+@dataclass
+class MultihopConfig(WarmStartConfig):
+    """Settings of the multi-hop quick start's steps 1-2 (recorded in ``prepare.json``)."""
+
+    task: str = "multihop"
+    sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
+    early_answer_fraction: float = 0.7
+    include_wiki: bool = True
+    topk: int = 1
+    max_obs_length: int = 64
+
+
+def prepare(run_dir, cfg: MultihopConfig | None = None, show_progress: bool = True) -> dict:
+    return loop.prepare_search_loop(SPEC, run_dir, cfg or MultihopConfig(), "early_answer_fraction", show_progress)
+
+
+def report(info: dict) -> str:
+    return (
+        f"task: {info['chains']} chains ({info['chains_by_hops']['val']} hops in validation); "
+        f"model: {info['n_params']:,} parameters; SFT on {info['sft_examples']} demonstrations "
+        f"({info['sft_early_examples']} answer after one hop), loss {info['sft_loss_first']:.2f} -> "
+        f"{info['sft_loss_last10']:.2f}, copy accuracy {info['copy_accuracy']:.0%} "
+        f"({info['task_seconds'] + info['model_seconds']:.0f} s)"
+    )
+
+
+TASK = QuickstartTask(
+    name="multihop",
+    summary="multi-hop QA: two or three chained lookups of made-up facts (3-4 model turns)",
+    config=MultihopConfig,
+    prepare=prepare,
+    report=report,
+    demo_mix="early_answer_fraction",
+    options=(
+        Option("topk", "--topk", int, "passages per search (must match the agent loop's)"),
+        Option("max_obs_length", "--max-obs-length", int, "observation tokens kept (must match the agent loop's)"),
+        Option("include_wiki", "--no-wiki", bool, "knowledge-base documents only"),
+    ),
+    defaults={
+        "MAX_TURNS": "4",
+        "TOPK": "1",
+        "MAX_OBS_LENGTH": "64",
+        "MAX_TOKENS_PER_TURN": "48",
+        "MAX_PROMPT_LENGTH": "96",
+        "MAX_RESPONSE_LENGTH": "256",
+        "DEMO_MIX": "0.7",
+    },
+)
