@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_file", "remove_stale_temporaries", "write_text_atomic"]
+__all__ = ["atomic_dir", "atomic_file", "default_cache_dir", "remove_stale_temporaries", "write_text_atomic"]
 
 
 def _host() -> str:
@@ -149,3 +149,12 @@ def replace_dir(new: str | Path, path: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, path)
+
+
+def default_cache_dir() -> Path:
+    """Where sorl-verl keeps what it can rebuild (indexes of the embedded corpus, corpus offset tables,
+    data sets exported from the hub): ``$SORL_VERL_CACHE``, else ``$XDG_CACHE_HOME/sorl_verl``, else
+    ``~/.cache/sorl_verl``."""
+    if os.environ.get("SORL_VERL_CACHE"):
+        return Path(os.environ["SORL_VERL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sorl_verl"
