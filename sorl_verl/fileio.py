@@ -36,8 +36,9 @@ def _process_start_time(pid: int) -> float | None:
     """When ``pid`` started (seconds since the epoch), from Linux's /proc; None where unknown."""
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")

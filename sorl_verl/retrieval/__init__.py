@@ -31,6 +31,7 @@ __all__ = [
     "IndexFormatError",
 ]
 
+
 def __getattr__(name: str):
     # Imported on first use, so that ``python -m sorl_verl.retrieval.build`` / ``.corpus`` do
     # not find their own module already imported by this package.

@@ -88,7 +88,9 @@ def _row_to_document(row: object, where: str, row_index: int) -> Document:
     elif "title" in row or "text" in row:
         for field in ("title", "text"):
             if field not in row:
-                raise CorpusFormatError(f"{where}: missing field {field!r} (rows need 'contents' or 'title' and 'text')")
+                raise CorpusFormatError(
+                    f"{where}: missing field {field!r} (rows need 'contents' or 'title' and 'text')"
+                )
             if not isinstance(row[field], str):
                 raise CorpusFormatError(f"{where}: field {field!r} must be a string, got {type(row[field]).__name__}")
         contents = format_contents(row["title"], row["text"])
@@ -118,7 +120,9 @@ def iter_corpus(path: str | Path, show_progress: bool = False) -> Iterator[Docum
     seen: dict[str, int] = {}
     row_index = 0
     with open_text(path) as f:
-        for line_number, line in enumerate(tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1):
+        for line_number, line in enumerate(
+            tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1
+        ):
             if not line.strip():
                 continue
             where = f"{path}:{line_number}"

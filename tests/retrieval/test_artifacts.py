@@ -110,7 +110,8 @@ def test_offset_table_goes_to_the_cache_when_the_corpus_folder_is_read_only(tmp_
     write_rows(shared / "wiki.jsonl", corpus_rows(10))
     write_rows(prebuilt / "wiki.jsonl", corpus_rows(10))
     assert MmapCorpus(prebuilt / "wiki.jsonl", show_progress=False).offsets_dir == prebuilt / "wiki.jsonl.offsets"
-    monkeypatch.setattr(corpus_module.os, "access", lambda path, mode: False)  # as for a read-only folder (we run as root)
+    # as for a read-only folder (we run as root)
+    monkeypatch.setattr(corpus_module.os, "access", lambda path, mode: False)
     corpus = MmapCorpus(shared / "wiki.jsonl", show_progress=False)
     assert corpus.rebuilt and corpus.offsets_dir.parent == tmp_path / "cache" / "corpus_offsets"
     assert not (shared / "wiki.jsonl.offsets").exists() and corpus[9]["id"] == "9"
