@@ -83,7 +83,7 @@ def load_retriever(
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
     if meta["method"] == "bm25":
-        from sorl_verl.retrieval.bm25 import load_bm25
+        from sorl_verl.retrieval.bm25_search import load_bm25
 
         return load_bm25(index_dir, meta)
     if meta["method"] == "pyserini":

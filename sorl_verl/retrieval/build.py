@@ -111,7 +111,7 @@ def build_index(
     with atomic_dir(index_dir, overwrite=overwrite) as tmp_dir:
         if method in ("bm25", "pyserini"):
             if method == "bm25":
-                from sorl_verl.retrieval.bm25 import build_bm25 as build_method
+                from sorl_verl.retrieval.bm25_build import build_bm25 as build_method
             else:
                 from sorl_verl.retrieval.lucene import build_lucene as build_method
 

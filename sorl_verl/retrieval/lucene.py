@@ -286,7 +286,7 @@ class LuceneRetriever:
         self._num_docs = int(num_docs)
         self._where = where
         self._lock = threading.Lock()
-        from sorl_verl.retrieval.bm25 import default_search_threads
+        from sorl_verl.retrieval.bm25_search import default_search_threads
 
         self.set_search_threads(default_search_threads() if search_threads is None else search_threads)
 

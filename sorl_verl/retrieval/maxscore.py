@@ -1,7 +1,8 @@
 """Exact top-k BM25 by dynamic pruning: MaxScore, document at a time, over layout 2 (compiled).
 
-MaxScore is Turtle and Flood's (1995); this implementation over our layout 2 (``bm25.py``'s module
-docstring: uint16 factor codes and uint16 rows within segments of ``2**bits`` documents) is ours.
+MaxScore is Turtle and Flood's (1995); this implementation over our layout 2
+(:mod:`sorl_verl.retrieval.bm25_format`: uint16 factor codes and uint16 rows within segments of
+``2**bits`` documents) is ours.
 
 Why: exhaustive scoring (``BM25Retriever.top_k_blocked``) adds every posting of every query term
 into a score buffer, so its cost per query grows with the postings, and at 21M passages the buffer
