@@ -309,7 +309,7 @@ class MmapCorpus:
             )
         line = self._mm[start:end]
         try:
-            # orjson: 1.2 us a 600-byte row here, json.loads 3-6 us. It accepts a subset of what json
+            # orjson: 1.2 us a 600-byte row, json.loads 3-6 us (measured). It accepts a subset of what json
             # accepts (no NaN, lone surrogate escapes, integers beyond 64 bits, BOM), with the same values.
             record = orjson.loads(line) if orjson is not None else json.loads(line)
         except ValueError:  # JSONDecodeError and UnicodeDecodeError both are: json decides, as before

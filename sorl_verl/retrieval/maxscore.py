@@ -50,7 +50,7 @@ def top_k_maxscore(k, lows, codes, factors, seghigh, segstart, bits, starts, end
     the term's largest float32 score.
     """
     # One function, no helpers: a numba call that passes arrays counts references on each of them,
-    # which cost 10x the work of a posting here (measured). A cursor per term: ``pos`` its posting,
+    # which cost 10x the work of a posting (measured). A cursor per term: ``pos`` its posting,
     # ``seg`` that posting's segment, ``cur`` its row (``_NO_ROW`` once the list is done).
     m = starts.shape[0]
     rows = np.empty(k, dtype=np.int64)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sorl_verl.retrieval import load_retriever
-from sorl_verl.retrieval.artifacts import FaissArtifactRetriever, MmapCorpus
-from sorl_verl.retrieval.corpus import CorpusFormatError, format_contents, iter_corpus
+from sorl_verl.retrieval.artifacts import FaissArtifactRetriever
+from sorl_verl.retrieval.corpus import CorpusFormatError, MmapCorpus, format_contents, iter_corpus
 from sorl_verl.retrieval.dense import HashingEncoder
 from sorl_verl.retrieval.store import IndexFormatError
 
