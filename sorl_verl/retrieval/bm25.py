@@ -51,6 +51,7 @@ from sorl_verl.retrieval.bm25_format import (
     term_hash,
     term_key,
     term_slots,
+    tokenizer_meta,
 )
 from sorl_verl.retrieval.bm25_search import (
     ARGMAX_TOPK,
@@ -104,5 +105,6 @@ __all__ = [
     "term_hash",
     "term_key",
     "term_slots",
+    "tokenizer_meta",
     "top_k_rows",
 ]

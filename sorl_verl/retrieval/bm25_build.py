@@ -28,39 +28,7 @@ import numpy as np
 import Stemmer
 from tqdm.auto import tqdm
 
-from sorl_verl.retrieval.bm25_format import (
-    BM25_DIR,
-    CODES_FILE,
-    DATA_FILE,
-    DEFAULT_B,
-    DEFAULT_K1,
-    DEFAULT_LAYOUT,
-    FACTORS_FILE,
-    IDF_FILE,
-    INDICES_FILE,
-    INDPTR_FILE,
-    LAYOUTS,
-    MAXCODE_FILE,
-    PARAMS_FILE,
-    ROWS16_FILE,
-    SEGHIGH_FILE,
-    SEGMENT_BITS,
-    SEGPTR_FILE,
-    SEGSTART_FILE,
-    TERM_BYTES_FILE,
-    TERM_HASH,
-    TERM_PTR_FILE,
-    TERM_SLOTS_FILE,
-    TOKEN_PATTERN,
-    UINT16_CODES,
-    VOCAB_FILE,
-    bm25_factors,
-    scores_of,
-    stopword_set,
-    term_hash,
-    term_key,
-    term_slots,
-)
+from sorl_verl.retrieval import bm25_format as fmt
 
 DEFAULT_CHUNK_DOCS = 100_000
 DEFAULT_BLOCK_POSTINGS = 8_000_000
@@ -216,12 +184,12 @@ def _write_scores(blocks, folder: Path, indptr: np.ndarray, idf: np.ndarray, fac
     """Layout 1: ``data.csc.index.npy`` (each posting's float32 score) and ``indices.csc.index.npy``
     (its int32 row). ``idf`` ``(vocab,)`` float64; ``factors_of(tf, rows)`` the postings' BM25 factors."""
     nnz = int(indptr[-1])
-    with open(folder / DATA_FILE, "wb") as data_file, open(folder / INDICES_FILE, "wb") as indices_file:
+    with open(folder / fmt.DATA_FILE, "wb") as data_file, open(folder / fmt.INDICES_FILE, "wb") as indices_file:
         _npy_header(data_file, np.float32, (nnz,))
         _npy_header(indices_file, np.int32, (nnz,))
         for t0, t1, rows, tf in blocks:
             terms = np.repeat(np.arange(t0, t1), np.diff(indptr[t0 : t1 + 1]))
-            scores_of(idf[terms], factors_of(tf, rows)).tofile(data_file)
+            fmt.scores_of(idf[terms], factors_of(tf, rows)).tofile(data_file)
             rows.tofile(indices_file)
 
 
@@ -247,12 +215,12 @@ def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, 
     nnz = int(indptr[-1])
     max_codes = np.zeros(len(indptr) - 1, dtype=code_dtype)
     seg_counts = np.zeros(len(indptr) - 1, dtype=np.int64)  # (vocab,) segments of each term
-    raw = {name: folder / f".{name}.raw" for name in (SEGHIGH_FILE, SEGSTART_FILE)}
+    raw = {name: folder / f".{name}.raw" for name in (fmt.SEGHIGH_FILE, fmt.SEGSTART_FILE)}
     with (
-        open(folder / CODES_FILE, "wb") as codes_file,
-        open(folder / ROWS16_FILE, "wb") as rows_file,
-        open(raw[SEGHIGH_FILE], "wb") as high_file,
-        open(raw[SEGSTART_FILE], "wb") as start_file,
+        open(folder / fmt.CODES_FILE, "wb") as codes_file,
+        open(folder / fmt.ROWS16_FILE, "wb") as rows_file,
+        open(raw[fmt.SEGHIGH_FILE], "wb") as high_file,
+        open(raw[fmt.SEGSTART_FILE], "wb") as start_file,
     ):
         _npy_header(codes_file, code_dtype, (nnz,))
         _npy_header(rows_file, np.uint16, (nnz,))
@@ -271,10 +239,10 @@ def _write_coded(blocks, folder: Path, indptr: np.ndarray, code_of, code_dtype, 
             high[seg].astype(np.int32).tofile(high_file)
             (seg + indptr[t0]).tofile(start_file)
     segments = int(seg_counts.sum())
-    np.save(folder / MAXCODE_FILE, max_codes)
-    np.save(folder / SEGPTR_FILE, np.concatenate([[0], np.cumsum(seg_counts)]))
-    _npy_from_raw(folder / SEGHIGH_FILE, raw[SEGHIGH_FILE], np.int32, segments)
-    _npy_from_raw(folder / SEGSTART_FILE, raw[SEGSTART_FILE], np.int64, segments)
+    np.save(folder / fmt.MAXCODE_FILE, max_codes)
+    np.save(folder / fmt.SEGPTR_FILE, np.concatenate([[0], np.cumsum(seg_counts)]))
+    _npy_from_raw(folder / fmt.SEGHIGH_FILE, raw[fmt.SEGHIGH_FILE], np.int32, segments)
+    _npy_from_raw(folder / fmt.SEGSTART_FILE, raw[fmt.SEGSTART_FILE], np.int64, segments)
     return segments
 
 
@@ -284,32 +252,32 @@ def _write_term_table(vocab: dict[str, int], folder: Path, chunk_terms: int = 1 
     count = len(vocab)
     offsets = np.zeros(count + 1, dtype=np.int64)
     hashes = np.empty(count, dtype=np.uint64)
-    raw = folder / f".{TERM_BYTES_FILE}.raw"
+    raw = folder / f".{fmt.TERM_BYTES_FILE}.raw"
     terms = iter(vocab)
     with open(raw, "wb") as out:
         for start in range(0, count, chunk_terms):
-            keys = [term_key(term) for term in itertools.islice(terms, chunk_terms)]
-            hashes[start : start + len(keys)] = np.fromiter(map(term_hash, keys), dtype=np.uint64, count=len(keys))
+            keys = [fmt.term_key(term) for term in itertools.islice(terms, chunk_terms)]
+            hashes[start : start + len(keys)] = np.fromiter(map(fmt.term_hash, keys), dtype=np.uint64, count=len(keys))
             offsets[start + 1 : start + 1 + len(keys)] = offsets[start] + np.cumsum([len(key) for key in keys])
             out.write(b"".join(keys))
-    _npy_from_raw(folder / TERM_BYTES_FILE, raw, np.uint8, int(offsets[-1]))
-    np.save(folder / TERM_PTR_FILE, offsets)
-    np.save(folder / TERM_SLOTS_FILE, term_slots(hashes, 1 << (count + count // 2).bit_length()))
+    _npy_from_raw(folder / fmt.TERM_BYTES_FILE, raw, np.uint8, int(offsets[-1]))
+    np.save(folder / fmt.TERM_PTR_FILE, offsets)
+    np.save(folder / fmt.TERM_SLOTS_FILE, fmt.term_slots(hashes, 1 << (count + count // 2).bit_length()))
 
 
 def build_bm25(
     contents: Iterable[str],
     out_dir: Path,
-    k1: float = DEFAULT_K1,
-    b: float = DEFAULT_B,
+    k1: float = fmt.DEFAULT_K1,
+    b: float = fmt.DEFAULT_B,
     stemmer: str | None = "english",
     stopwords: str | None = "en",
     show_progress: bool = True,
     chunk_docs: int = DEFAULT_CHUNK_DOCS,
     block_postings: int = DEFAULT_BLOCK_POSTINGS,
-    layout: int = DEFAULT_LAYOUT,
-    segment_bits: int = SEGMENT_BITS,
-    uint16_codes: int = UINT16_CODES,
+    layout: int = fmt.DEFAULT_LAYOUT,
+    segment_bits: int = fmt.SEGMENT_BITS,
+    uint16_codes: int = fmt.UINT16_CODES,
 ) -> dict:
     """Write the BM25 files for ``contents`` (index order, any iterable: read once, a chunk at a
     time) into ``out_dir/bm25``, in ``layout`` 2 (ours) or 1 (bm25s's); return meta fields. Bounded
@@ -319,16 +287,16 @@ def build_bm25(
     distinct (tf, dl) pairs (65,536: what uint16 holds; lower only for tests), uint32 beyond."""
     if chunk_docs < 1 or block_postings < 1:
         raise ValueError(f"chunk_docs and block_postings must be positive, got {chunk_docs}, {block_postings}")
-    if layout not in LAYOUTS or not 1 <= segment_bits <= 16 or not 1 <= uint16_codes <= UINT16_CODES:
+    if layout not in fmt.LAYOUTS or not 1 <= segment_bits <= 16 or not 1 <= uint16_codes <= fmt.UINT16_CODES:
         raise ValueError(
-            f"layout must be one of {LAYOUTS}, segment_bits in 1..16 and uint16_codes in 1..{UINT16_CODES}, "
+            f"layout must be one of {fmt.LAYOUTS}, segment_bits in 1..16 and uint16_codes in 1..{fmt.UINT16_CODES}, "
             f"got {layout}, {segment_bits}, {uint16_codes}"
         )
-    folder = out_dir / BM25_DIR
+    folder = out_dir / fmt.BM25_DIR
     scratch = folder / ".postings"
     scratch.mkdir(parents=True)
-    term_ids = _TermIds(stopword_set(stopwords), stemmer)
-    split = re.compile(TOKEN_PATTERN).findall
+    term_ids = _TermIds(fmt.stopword_set(stopwords), stemmer)
+    split = re.compile(fmt.TOKEN_PATTERN).findall
     chunk_files: list[Path] = []
     lengths: list[np.ndarray] = []
     df = np.zeros(1, dtype=np.int64)
@@ -372,7 +340,7 @@ def build_bm25(
     indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
     np.cumsum(df, out=indptr[1:])
     nnz = int(indptr[-1])
-    np.save(folder / INDPTR_FILE, indptr)
+    np.save(folder / fmt.INDPTR_FILE, indptr)
     with tqdm(
         total=nnz, desc="BM25 pass 2/2: score", unit=" postings", unit_scale=True, disable=not show_progress
     ) as bar:
@@ -380,21 +348,21 @@ def build_bm25(
         if layout == 1:
             # bm25s's formula and operation order in float64 (its tfc is float64), rounded once.
             def factors_of(tf, rows):
-                return bm25_factors(tf.astype(np.float64), doc_lengths[rows], k1, b, avg_doc_len)
+                return fmt.bm25_factors(tf.astype(np.float64), doc_lengths[rows], k1, b, avg_doc_len)
 
             _write_scores(blocks, folder, indptr, idf32.astype(np.float64), factors_of)
         else:
             code_dtype = np.uint16 if len(pairs) <= uint16_codes else np.uint32
             # The same formula on the distinct (tf, dl) pairs: layout 1's factors, value for value.
             dl = (pairs & 0xFFFFFFFF).astype(np.int32)
-            factors = bm25_factors((pairs >> 32).astype(np.float64), dl, k1, b, avg_doc_len)
+            factors = fmt.bm25_factors((pairs >> 32).astype(np.float64), dl, k1, b, avg_doc_len)
 
             def code_of(tf, rows):
                 return np.searchsorted(pairs, (tf.astype(np.int64) << 32) | doc_lengths[rows])
 
             segments = _write_coded(blocks, folder, indptr, code_of, code_dtype, segment_bits, factors)
     shutil.rmtree(scratch)
-    (folder / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / fmt.VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     params = {
         "k1": k1,
         "b": b,
@@ -409,14 +377,14 @@ def build_bm25(
     }
     layout_meta = {"layout": layout}
     if layout == 2:
-        np.save(folder / IDF_FILE, idf32)
-        np.save(folder / FACTORS_FILE, factors)
+        np.save(folder / fmt.IDF_FILE, idf32)
+        np.save(folder / fmt.FACTORS_FILE, factors)
         _write_term_table(vocab, folder)
-        params.update(layout=2, segment_bits=segment_bits, term_hash=TERM_HASH)
+        params.update(layout=2, segment_bits=segment_bits, term_hash=fmt.TERM_HASH)
         layout_meta.update(
             segment_bits=segment_bits, factors=len(pairs), codes=np.dtype(code_dtype).name, segments=segments
         )
-    (folder / PARAMS_FILE).write_text(json.dumps(params, indent=4), encoding="utf-8")
+    (folder / fmt.PARAMS_FILE).write_text(json.dumps(params, indent=4), encoding="utf-8")
     return {
         "bm25": {
             "k1": k1,
@@ -428,15 +396,15 @@ def build_bm25(
             "chunk_docs": chunk_docs,
             **layout_meta,
         },
-        "tokenizer": {"pattern": TOKEN_PATTERN, "lower": True, "stopwords": stopwords, "stemmer": stemmer},
+        "tokenizer": fmt.tokenizer_meta(stopwords, stemmer),
     }
 
 
 def build_bm25_in_memory(
     contents: list[str],
     out_dir: Path,
-    k1: float = DEFAULT_K1,
-    b: float = DEFAULT_B,
+    k1: float = fmt.DEFAULT_K1,
+    b: float = fmt.DEFAULT_B,
     stemmer: str | None = "english",
     stopwords: str | None = "en",
     show_progress: bool = True,
@@ -446,15 +414,15 @@ def build_bm25_in_memory(
     :func:`build_bm25` is tested against."""
     tokenizer = bm25s.tokenization.Tokenizer(
         lower=True,
-        splitter=TOKEN_PATTERN,
+        splitter=fmt.TOKEN_PATTERN,
         stopwords=stopwords or [],
         stemmer=Stemmer.Stemmer(stemmer) if stemmer else None,
     )
     tokens = tokenizer.tokenize(contents, return_as="tuple", show_progress=show_progress)
     model = bm25s.BM25(k1=k1, b=b, method="lucene")
     model.index(tokens, show_progress=show_progress)
-    model.save(str(out_dir / BM25_DIR), show_progress=False)
+    model.save(str(out_dir / fmt.BM25_DIR), show_progress=False)
     return {
         "bm25": {"k1": k1, "b": b, "variant": "lucene", "vocab_size": len(model.vocab_dict), "builder": "in_memory"},
-        "tokenizer": {"pattern": TOKEN_PATTERN, "lower": True, "stopwords": stopwords, "stemmer": stemmer},
+        "tokenizer": fmt.tokenizer_meta(stopwords, stemmer),
     }

@@ -90,6 +90,13 @@ def stopword_set(name: str | None) -> frozenset[str]:
     return frozenset(bm25s.tokenization._infer_stopwords(name))
 
 
+def tokenizer_meta(stopwords: str | None, stemmer: str | None) -> dict:
+    """The ``tokenizer`` field of an index's ``meta.json``: the analysis it was built with (lower-cased
+    words of :data:`TOKEN_PATTERN`, the stopword list ``stopwords``, the PyStemmer language
+    ``stemmer``), which the retriever applies to queries."""
+    return {"pattern": TOKEN_PATTERN, "lower": True, "stopwords": stopwords, "stemmer": stemmer}
+
+
 def load_array(path: Path, mmap: bool, dtypes: tuple[str, ...]) -> np.ndarray:
     """A 1-D ``.npy`` array, memory-mapped read-only when ``mmap`` (as a plain ndarray view)."""
     if not path.is_file():

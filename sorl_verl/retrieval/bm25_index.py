@@ -21,33 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sorl_verl.retrieval.bm25_format import (
-    CODES_FILE,
-    DATA_FILE,
-    FACTORS_FILE,
-    IDF_FILE,
-    INDICES_FILE,
-    INDPTR_FILE,
-    LAYOUTS,
-    MAXCODE_FILE,
-    PARAMS_FILE,
-    ROWS16_FILE,
-    SEGHIGH_FILE,
-    SEGPTR_FILE,
-    SEGSTART_FILE,
-    TERM_BYTES_FILE,
-    TERM_HASH,
-    TERM_PTR_FILE,
-    TERM_SLOTS_FILE,
-    UINT16_CODES,
-    VOCAB_FILE,
-    TermTable,
-    check_length,
-    decode_rows,
-    load_array,
-    scores_of,
-    term_hash,
-)
+from sorl_verl.retrieval import bm25_format as fmt
 from sorl_verl.retrieval.store import IndexFormatError
 
 VIEW_SEGMENT_POSTINGS = 1 << 12  # layout 2: segments this large on average are added one view at a time
@@ -135,7 +109,7 @@ class CodedPostings:
         pieces = self._pieces(lo, hi)
         if hi - lo < 64 * len(pieces):  # small segments: one np.repeat of their bases
             bases, a, b = (np.array(column, dtype=np.int64) for column in zip(*pieces, strict=True))
-            return decode_rows(bases, b - a, lows)
+            return fmt.decode_rows(bases, b - a, lows)
         rows = lows.astype(np.int64)  # large ones: widen, then add each segment's base in place
         for base, a, b in pieces:
             if base:
@@ -152,8 +126,8 @@ class CodedPostings:
         factors = self._index.factors
         if self._table is None:
             if 2 * len(codes) < len(factors):
-                return scores_of(self.idf, factors.take(codes, mode="clip"))
-            self._table = scores_of(self.idf, factors)
+                return fmt.scores_of(self.idf, factors.take(codes, mode="clip"))
+            self._table = fmt.scores_of(self.idf, factors)
         return self._table.take(codes, mode="clip")  # clip: no bounds check (codes < len(factors) by build)
 
     def decode(self, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -204,10 +178,10 @@ class CscIndex:
     @classmethod
     def load(cls, folder: Path, mmap: bool) -> CscIndex:
         """Layout 1 (bm25s's files), with its ``dict`` vocabulary."""
-        data = load_array(folder / DATA_FILE, mmap, ("float32",))
-        indices = load_array(folder / INDICES_FILE, mmap, ("int32", "uint32", "int64"))
-        indptr = np.asarray(load_array(folder / INDPTR_FILE, False, ("int32", "int64")), dtype=np.int64)
-        vocab_path = folder / VOCAB_FILE
+        data = fmt.load_array(folder / fmt.DATA_FILE, mmap, ("float32",))
+        indices = fmt.load_array(folder / fmt.INDICES_FILE, mmap, ("int32", "uint32", "int64"))
+        indptr = np.asarray(fmt.load_array(folder / fmt.INDPTR_FILE, False, ("int32", "int64")), dtype=np.int64)
+        vocab_path = folder / fmt.VOCAB_FILE
         try:
             vocab: dict[str, int] = json.loads(vocab_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
@@ -243,54 +217,59 @@ class SegmentedIndex:
 
     def __init__(self, folder: Path, params: dict, mmap: bool):
         bits = params.get("segment_bits")
-        if not isinstance(bits, int) or not 1 <= bits <= 16 or params.get("term_hash") != TERM_HASH:
+        if not isinstance(bits, int) or not 1 <= bits <= 16 or params.get("term_hash") != fmt.TERM_HASH:
             raise IndexFormatError(
-                f"{folder / PARAMS_FILE}: segment_bits {bits!r} (expected 1..16) and term_hash "
-                f"{params.get('term_hash')!r} (expected {TERM_HASH!r}); rebuild the index"
+                f"{folder / fmt.PARAMS_FILE}: segment_bits {bits!r} (expected 1..16) and term_hash "
+                f"{params.get('term_hash')!r} (expected {fmt.TERM_HASH!r}); rebuild the index"
             )
-        load = functools.partial(load_array, mmap=mmap)
+        load = functools.partial(fmt.load_array, mmap=mmap)
         self.bits = bits
-        self._indptr = load(folder / INDPTR_FILE, dtypes=("int64",))
-        self._idf = load(folder / IDF_FILE, dtypes=("float32",))
-        self.factors = load_array(folder / FACTORS_FILE, False, ("float64",))
-        self.codes = load(folder / CODES_FILE, dtypes=("uint16", "uint32"))
-        self.lows = load(folder / ROWS16_FILE, dtypes=("uint16",))
-        self._segptr = load(folder / SEGPTR_FILE, dtypes=("int64",))
-        self._seghigh = load(folder / SEGHIGH_FILE, dtypes=("int32",))
-        self._segstart = load(folder / SEGSTART_FILE, dtypes=("int64",))
-        slots = load(folder / TERM_SLOTS_FILE, dtypes=("int32",))
-        offsets = load(folder / TERM_PTR_FILE, dtypes=("int64",))
-        blob = load(folder / TERM_BYTES_FILE, dtypes=("uint8",))
+        self._indptr = load(folder / fmt.INDPTR_FILE, dtypes=("int64",))
+        self._idf = load(folder / fmt.IDF_FILE, dtypes=("float32",))
+        self.factors = fmt.load_array(folder / fmt.FACTORS_FILE, False, ("float64",))
+        self.codes = load(folder / fmt.CODES_FILE, dtypes=("uint16", "uint32"))
+        self.lows = load(folder / fmt.ROWS16_FILE, dtypes=("uint16",))
+        self._segptr = load(folder / fmt.SEGPTR_FILE, dtypes=("int64",))
+        self._seghigh = load(folder / fmt.SEGHIGH_FILE, dtypes=("int32",))
+        self._segstart = load(folder / fmt.SEGSTART_FILE, dtypes=("int64",))
+        slots = load(folder / fmt.TERM_SLOTS_FILE, dtypes=("int32",))
+        offsets = load(folder / fmt.TERM_PTR_FILE, dtypes=("int64",))
+        blob = load(folder / fmt.TERM_BYTES_FILE, dtypes=("uint8",))
         vocab = len(self._idf)
         nnz = int(self._indptr[-1]) if len(self._indptr) else -1
         segments = int(self._segptr[-1]) if len(self._segptr) else -1
         for name, array_, expected, what in (
-            (INDPTR_FILE, self._indptr, vocab + 1, f"the {IDF_FILE} terms + 1"),
-            (CODES_FILE, self.codes, nnz, f"postings, where {INDPTR_FILE} ends"),
-            (ROWS16_FILE, self.lows, nnz, f"postings, where {INDPTR_FILE} ends"),
-            (SEGPTR_FILE, self._segptr, vocab + 1, f"the {IDF_FILE} terms + 1"),
-            (SEGHIGH_FILE, self._seghigh, segments, f"segments, where {SEGPTR_FILE} ends"),
-            (SEGSTART_FILE, self._segstart, segments, f"segments, where {SEGPTR_FILE} ends"),
-            (TERM_PTR_FILE, offsets, vocab + 1, f"the {IDF_FILE} terms + 1"),
-            (TERM_BYTES_FILE, blob, int(offsets[-1]) if len(offsets) else -1, f"bytes, where {TERM_PTR_FILE} ends"),
+            (fmt.INDPTR_FILE, self._indptr, vocab + 1, f"the {fmt.IDF_FILE} terms + 1"),
+            (fmt.CODES_FILE, self.codes, nnz, f"postings, where {fmt.INDPTR_FILE} ends"),
+            (fmt.ROWS16_FILE, self.lows, nnz, f"postings, where {fmt.INDPTR_FILE} ends"),
+            (fmt.SEGPTR_FILE, self._segptr, vocab + 1, f"the {fmt.IDF_FILE} terms + 1"),
+            (fmt.SEGHIGH_FILE, self._seghigh, segments, f"segments, where {fmt.SEGPTR_FILE} ends"),
+            (fmt.SEGSTART_FILE, self._segstart, segments, f"segments, where {fmt.SEGPTR_FILE} ends"),
+            (fmt.TERM_PTR_FILE, offsets, vocab + 1, f"the {fmt.IDF_FILE} terms + 1"),
+            (
+                fmt.TERM_BYTES_FILE,
+                blob,
+                int(offsets[-1]) if len(offsets) else -1,
+                f"bytes, where {fmt.TERM_PTR_FILE} ends",
+            ),
         ):
-            check_length(folder, name, array_, expected, what)
+            fmt.check_length(folder, name, array_, expected, what)
         if len(slots) & (len(slots) - 1) or len(slots) <= vocab:
             raise IndexFormatError(
-                f"{folder / TERM_SLOTS_FILE}: {len(slots)} slots for {vocab} terms; rebuild the index"
+                f"{folder / fmt.TERM_SLOTS_FILE}: {len(slots)} slots for {vocab} terms; rebuild the index"
             )
-        if self.codes.dtype == np.uint16 and len(self.factors) > UINT16_CODES or not len(self.factors):
+        if self.codes.dtype == np.uint16 and len(self.factors) > fmt.UINT16_CODES or not len(self.factors):
             raise IndexFormatError(
-                f"{folder / FACTORS_FILE}: {len(self.factors)} factors for {self.codes.dtype} codes; rebuild the index"
+                f"{folder / fmt.FACTORS_FILE}: {len(self.factors)} factors for {self.codes.dtype} codes; rebuild the index"
             )
-        self._terms = TermTable(slots, offsets, blob, term_hash)
+        self._terms = fmt.TermTable(slots, offsets, blob, fmt.term_hash)
         self.term_id = functools.lru_cache(maxsize=TERM_CACHE)(self._terms.get)
         # Each term's largest factor, for MaxScore's bounds; an index built before maxcode existed
         # bounds every term by the corpus's largest factor (looser, as exact).
         self._max_codes = None
-        if (folder / MAXCODE_FILE).is_file():
-            self._max_codes = load(folder / MAXCODE_FILE, dtypes=(self.codes.dtype.name,))
-            check_length(folder, MAXCODE_FILE, self._max_codes, vocab, f"the {IDF_FILE} terms")
+        if (folder / fmt.MAXCODE_FILE).is_file():
+            self._max_codes = load(folder / fmt.MAXCODE_FILE, dtypes=(self.codes.dtype.name,))
+            fmt.check_length(folder, fmt.MAXCODE_FILE, self._max_codes, vocab, f"the {fmt.IDF_FILE} terms")
         self._largest_factor = float(self.factors.max())
         self._maxscore = None  # the compiled kernel, imported (numba: ~0.7 s) and compiled by warm_up
 
@@ -327,7 +306,7 @@ class SegmentedIndex:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), np.zeros(2, dtype=np.int64)
         idf = self._idf[ids].astype(np.float64)
         largest = self.factors[self._max_codes[ids]] if self._max_codes is not None else self._largest_factor
-        bounds = scores_of(idf, largest).astype(np.float64)  # each term's largest float32 score
+        bounds = fmt.scores_of(idf, largest).astype(np.float64)  # each term's largest float32 score
         if self._maxscore is None:
             self.warm_up()
         return self._maxscore(
@@ -368,14 +347,14 @@ class SegmentedIndex:
         ``(nnz,)`` int32, ``(vocab + 1,)`` int64 (for comparisons: O(nnz) memory)."""
         nnz = len(self.lows)
         counts = np.diff(np.append(self._segstart, nnz))
-        rows = decode_rows(self._seghigh.astype(np.int64) << self.bits, counts, self.lows).astype(np.int32)
+        rows = fmt.decode_rows(self._seghigh.astype(np.int64) << self.bits, counts, self.lows).astype(np.int32)
         idf = np.repeat(self._idf.astype(np.float64), np.diff(self._indptr))
-        return scores_of(idf, self.factors[self.codes]), rows, np.asarray(self._indptr)
+        return fmt.scores_of(idf, self.factors[self.codes]), rows, np.asarray(self._indptr)
 
 
 def read_index(folder: Path, mmap: bool) -> tuple[dict, CscIndex | SegmentedIndex]:
     """``(params, index)`` of a BM25 folder, of either layout (``params["layout"]``, absent: 1)."""
-    params_path = folder / PARAMS_FILE
+    params_path = folder / fmt.PARAMS_FILE
     try:
         params = json.loads(params_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -387,7 +366,9 @@ def read_index(folder: Path, mmap: bool) -> tuple[dict, CscIndex | SegmentedInde
         return params, CscIndex.load(folder, mmap)
     if layout == 2:
         return params, SegmentedIndex(folder, params, mmap)
-    raise IndexFormatError(f"{params_path}: layout {layout!r}, this version reads layouts {LAYOUTS}; rebuild the index")
+    raise IndexFormatError(
+        f"{params_path}: layout {layout!r}, this version reads layouts {fmt.LAYOUTS}; rebuild the index"
+    )
 
 
 Postings = ScoredPostings | CodedPostings
