@@ -90,6 +90,8 @@ class DocsWriter:
 
     def close(self) -> None:
         """Finish ``docs.jsonl`` and write ``docs.jsonl.offsets/`` (``offsets.npy`` + ``meta.json``)."""
+        # Imported here, not at the top: the package imports this module, and
+        # ``python -m sorl_verl.retrieval.corpus`` must not find corpus imported already.
         from sorl_verl.retrieval.corpus import OFFSETS_SUFFIX, corpus_fingerprint, write_offsets_meta
 
         self._spans.tofile(self._spans_file)
@@ -126,7 +128,7 @@ def open_docs(index_dir: Path, num_docs: int, show_progress: bool = True):
     """``docs.jsonl`` memory-mapped (:class:`~sorl_verl.retrieval.corpus.MmapCorpus`): ``docs[i]`` is a
     fresh ``{"id", "contents"}``; nothing is loaded. Raises :class:`IndexFormatError` when the file is
     missing or its row count is not ``num_docs``."""
-    from sorl_verl.retrieval.corpus import CorpusFormatError, MmapCorpus
+    from sorl_verl.retrieval.corpus import CorpusFormatError, MmapCorpus  # here: see DocsWriter.close
 
     path = Path(index_dir) / DOCS_NAME
     if not path.is_file():
