@@ -1,18 +1,18 @@
 """BM25 at wiki-18 scale: build time and peak memory, index size, retriever memory and queries/s
-against corpus size, fitted and projected to wiki-18's 21M passages (issue 12, item 2).
+against corpus size, fitted and projected to wiki-18's 21M passages.
 
     python benchmarks/bench_bm25_scale.py                            # print the committed table (what make bench runs)
-    nice -n 5 python benchmarks/bench_bm25_scale.py --scale 1000000 2000000 5000000   # measure (~1 h on 2 cores)
+    nice -n 5 python benchmarks/bench_bm25_scale.py --scale 1000000 2000000 5000000   # measure (about an hour)
     python benchmarks/bench_bm25_scale.py --scale 1000000 --compare-in-memory        # also the former bm25s build
 
 For each size N, on the synthetic corpus of ``bench_retrieval.py`` (passages of 100 words drawn
 from the embedded Wikipedia corpus's word frequencies; queries are 5 distinct non-stopword words
 of a random passage), each step in a child process of its own:
 
-* ``sorl-index`` (the bounded build, in its default index layout: 2 since 2026-12-02, see
-  docs/retrieval.md): wall time, peak resident memory (the child's ``VmHWM``, which counts every
-  page it touched, file pages included), and the size on disk of the BM25 arrays and of
-  ``docs.jsonl`` with its offset table;
+* ``sorl-index`` (the bounded build, in its default index layout, see docs/retrieval.md): wall
+  time, peak resident memory (the child's ``VmHWM``, which counts every page it touched, file
+  pages included), and the size on disk of the BM25 arrays and of ``docs.jsonl`` with its offset
+  table;
 * the retriever (``load_retriever``, what ``sorl-retriever`` serves): resident memory after
   loading and after 1,000 queries (total, anonymous, and mapped-file pages, from /proc), and
   queries/s in batches of 512, top-3, on 1 and on 2 search threads (best of 3 passes over 1,024
@@ -230,10 +230,10 @@ def synthetic_corpus_file(work: Path, passages: int) -> Path:
 
 def synthetic_queries(corpus: Path, count: int, seed: int = 1) -> list[str]:
     """``count`` queries of 5 distinct non-stopword words of a random passage (as bench_retrieval.py)."""
-    from sorl_verl.retrieval.artifacts import MmapCorpus
-    from sorl_verl.retrieval.bm25 import TOKEN_PATTERN, _stopwords
+    from sorl_verl.retrieval.bm25 import TOKEN_PATTERN, stopword_set
+    from sorl_verl.retrieval.corpus import MmapCorpus
 
-    split, stopwords = re.compile(TOKEN_PATTERN).findall, _stopwords("en")
+    split, stopwords = re.compile(TOKEN_PATTERN).findall, stopword_set("en")
     docs = MmapCorpus(corpus, show_progress=False)
     rng = random.Random(seed)
     queries = []
@@ -457,7 +457,7 @@ def print_committed() -> None:
     if not MD_PATH.is_file():
         print(
             f"no {MD_PATH.relative_to(REPO)} yet: run `nice -n 5 python {Path(__file__).relative_to(REPO)} "
-            "--scale 1000000 2000000 5000000` (about an hour on 2 cores)"
+            "--scale 1000000 2000000 5000000` (about an hour)"
         )
         return
     print(

@@ -468,7 +468,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also benchmark a synthetic corpus of N passages (the issue's figure: 1000000)",
+        help="also benchmark a synthetic corpus of N passages (the throughput target's size: 1000000)",
     )
     parser.add_argument(
         "--rank-bm25-queries",
@@ -482,7 +482,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also run N concurrent clients against the server (the issue's figure: 1000)",
+        help="also run N concurrent clients against the server (the load target's size: 1000)",
     )
     parser.add_argument("--server-only", action="store_true", help="only the server sections")
     parser.add_argument("--drain", action="store_true", help="also SIGTERM the server under load (200 clients)")

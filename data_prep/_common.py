@@ -54,6 +54,16 @@ SCHEMA = pa.schema(
 )
 SEARCH_AGENT = "search_r1"  # the agent loop registered by sorl_verl.agent
 SINGLE_TURN_AGENT = "single_turn_agent"  # verl's built-in one-turn loop
+# MIRAGE's MMLU-Med: the six MMLU subjects it keeps (data_prep.medical reads their files,
+# data_prep.hub exports them from the hub's per-subject configs).
+MMLU_MED_SUBJECTS = (
+    "anatomy",
+    "clinical_knowledge",
+    "college_biology",
+    "college_medicine",
+    "medical_genetics",
+    "professional_medicine",
+)
 
 
 class DataPrepError(ValueError):

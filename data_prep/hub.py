@@ -42,7 +42,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_prep._common import DataPrepError
+from data_prep._common import MMLU_MED_SUBJECTS, DataPrepError
 from sorl_verl.fileio import atomic_file
 
 FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
@@ -144,8 +144,6 @@ def fetch_qa(names: list[str], split: str, repo: str = FLASHRAG_REPO, cache_dir:
 def fetch_medical(names: list[str], repos: dict | None = None, cache_dir: Path | None = None) -> Path:
     """Export the medical sets' hub copies into MIRAGE's raw layout under ``<cache>/hub/mirage``;
     returns that folder, for :func:`data_prep.medical.convert` (``mirage_dir``)."""
-    from data_prep.medical import MMLU_MED_SUBJECTS
-
     repos = repos or {}
     root = Path(cache_dir or hub_cache_dir()) / "mirage"
     for name in names:

@@ -36,6 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_prep._common import (
+    MMLU_MED_SUBJECTS,
     SEARCH_AGENT,
     DataPrepError,
     add_subset_args,
@@ -56,14 +57,6 @@ from data_prep.templates import render_medical
 ABILITY = "medical-mcqa"
 LETTERS = "ABCD"
 PUBMEDQA_LETTERS = {"yes": "A", "no": "B", "maybe": "C"}
-MMLU_MED_SUBJECTS = (
-    "anatomy",
-    "clinical_knowledge",
-    "college_biology",
-    "college_medicine",
-    "medical_genetics",
-    "professional_medicine",
-)
 DATASETS = ("medqa", "medmcqa", "pubmedqa", "mmlu_med")
 SPLITS = {"medqa": "test", "medmcqa": "dev", "pubmedqa": "test", "mmlu_med": "test"}
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_dir", "atomic_file", "remove_stale_temporaries", "write_text_atomic"]
+__all__ = ["atomic_dir", "atomic_file", "default_cache_dir", "remove_stale_temporaries", "write_text_atomic"]
 
 
 def _host() -> str:
@@ -36,8 +36,9 @@ def _process_start_time(pid: int) -> float | None:
     """When ``pid`` started (seconds since the epoch), from Linux's /proc; None where unknown."""
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
@@ -149,3 +150,12 @@ def replace_dir(new: str | Path, path: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, path)
+
+
+def default_cache_dir() -> Path:
+    """Where sorl-verl keeps what it can rebuild (indexes of the embedded corpus, corpus offset tables,
+    data sets exported from the hub): ``$SORL_VERL_CACHE``, else ``$XDG_CACHE_HOME/sorl_verl``, else
+    ``~/.cache/sorl_verl``."""
+    if os.environ.get("SORL_VERL_CACHE"):
+        return Path(os.environ["SORL_VERL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sorl_verl"

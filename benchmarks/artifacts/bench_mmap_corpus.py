@@ -1,4 +1,4 @@
-"""Memory-mapped corpus (sorl_verl.retrieval.artifacts.MmapCorpus) beside loading the corpus into lists.
+"""Memory-mapped corpus (sorl_verl.retrieval.corpus.MmapCorpus) beside loading the corpus into lists.
 
 ::
 
@@ -37,7 +37,7 @@ def run_mode(mode: str, corpus: Path, reads: int) -> dict:
     baseline = memory_mb()
     started = time.perf_counter()
     if mode == "mmap":
-        from sorl_verl.retrieval.artifacts import MmapCorpus
+        from sorl_verl.retrieval.corpus import MmapCorpus
 
         docs = MmapCorpus(corpus, show_progress=False)
         opened = time.perf_counter() - started
@@ -58,10 +58,16 @@ def run_mode(mode: str, corpus: Path, reads: int) -> dict:
         opened = time.perf_counter() - started
         reads_per_s, table_mb, count = None, None, len(ids)
     memory = memory_mb()
-    return {"mode": mode, "rows": count, "open_s": round(opened, 2), "random_reads_per_s": reads_per_s and round(reads_per_s),
-            "anon_mb_added": round(memory["RssAnon"] - baseline["RssAnon"], 1),
-            "file_mb_added": round(memory["RssFile"] - baseline["RssFile"], 1),
-            "peak_mb": round(memory["VmHWM"], 1), "offsets_mb": table_mb and round(table_mb, 1)}
+    return {
+        "mode": mode,
+        "rows": count,
+        "open_s": round(opened, 2),
+        "random_reads_per_s": reads_per_s and round(reads_per_s),
+        "anon_mb_added": round(memory["RssAnon"] - baseline["RssAnon"], 1),
+        "file_mb_added": round(memory["RssFile"] - baseline["RssFile"], 1),
+        "peak_mb": round(memory["VmHWM"], 1),
+        "offsets_mb": table_mb and round(table_mb, 1),
+    }
 
 
 def main() -> None:
@@ -81,8 +87,12 @@ def main() -> None:
         synthetic_corpus(corpus, args.passages)
         print(f"corpus: {args.passages:,} passages, {corpus.stat().st_size / 2**20:.0f} MB")
         for mode in ("mmap", "mmap", "lists"):  # the second mmap run finds the table built
-            out = subprocess.run([sys.executable, __file__, "--mode", mode, "--corpus", str(corpus),
-                                  "--reads", str(args.reads)], check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--mode", mode, "--corpus", str(corpus), "--reads", str(args.reads)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             print(out.stdout.strip())
 
 

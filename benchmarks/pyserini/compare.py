@@ -65,10 +65,10 @@ def synthetic_corpus_path(work: Path, passages: int) -> Path:
 
 def synthetic_queries(corpus: Path, count: int, seed: int = 1) -> tuple[list[str], list[str]]:
     """``count`` queries of 5 distinct non-stopword words of a random passage, and that passage's id."""
-    from sorl_verl.retrieval.artifacts import MmapCorpus
-    from sorl_verl.retrieval.bm25 import TOKEN_PATTERN, _stopwords
+    from sorl_verl.retrieval.bm25 import TOKEN_PATTERN, stopword_set
+    from sorl_verl.retrieval.corpus import MmapCorpus
 
-    split, stopwords = re.compile(TOKEN_PATTERN).findall, _stopwords("en")
+    split, stopwords = re.compile(TOKEN_PATTERN).findall, stopword_set("en")
     docs = MmapCorpus(corpus, show_progress=False)
     rng = random.Random(seed)
     queries, answers = [], []

@@ -14,11 +14,11 @@ Document and reply shapes are Search-R1's (its ``retrieval_server.py``); the ser
 from __future__ import annotations
 
 import hashlib
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sorl_verl.fileio import default_cache_dir
 from sorl_verl.retrieval.store import FORMAT_VERSION, IndexFormatError, read_meta
 
 __all__ = [
@@ -31,8 +31,6 @@ __all__ = [
     "IndexFormatError",
 ]
 
-EMBEDDED_CORPUS = Path(__file__).resolve().parent.parent / "data" / "wiki_vital" / "wiki_vital.jsonl.gz"
-
 
 def __getattr__(name: str):
     # Imported on first use, so that ``python -m sorl_verl.retrieval.build`` / ``.corpus`` do
@@ -41,10 +39,10 @@ def __getattr__(name: str):
         from sorl_verl.retrieval.build import build_index
 
         return build_index
-    if name == "CorpusFormatError":
-        from sorl_verl.retrieval.corpus import CorpusFormatError
+    if name in ("CorpusFormatError", "EMBEDDED_CORPUS", "embedded_corpus_path"):
+        from sorl_verl.retrieval import corpus
 
-        return CorpusFormatError
+        return getattr(corpus, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -85,7 +83,7 @@ def load_retriever(
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
     if meta["method"] == "bm25":
-        from sorl_verl.retrieval.bm25 import load_bm25
+        from sorl_verl.retrieval.bm25_search import load_bm25
 
         return load_bm25(index_dir, meta)
     if meta["method"] == "pyserini":
@@ -98,21 +96,6 @@ def load_retriever(
     return load_dense(index_dir, meta)
 
 
-def embedded_corpus_path() -> Path:
-    """The shipped corpus: ~10k English Wikipedia vital-article summaries (CC BY-SA 4.0),
-    Search-R1 JSONL, gzip-compressed. See ``sorl_verl/data/wiki_vital/ATTRIBUTION.md``."""
-    if not EMBEDDED_CORPUS.is_file():
-        raise FileNotFoundError(f"embedded corpus missing: {EMBEDDED_CORPUS} (reinstall sorl-verl)")
-    return EMBEDDED_CORPUS
-
-
-def default_cache_dir() -> Path:
-    """``$SORL_VERL_CACHE``, else ``$XDG_CACHE_HOME/sorl_verl``, else ``~/.cache/sorl_verl``."""
-    if os.environ.get("SORL_VERL_CACHE"):
-        return Path(os.environ["SORL_VERL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sorl_verl"
-
-
 def embedded_index(cache_dir: str | Path | None = None) -> Retriever:
     """BM25 retriever of the embedded corpus, built once into ``cache_dir`` and then loaded.
 
@@ -120,6 +103,8 @@ def embedded_index(cache_dir: str | Path | None = None) -> Retriever:
     version, so a changed corpus or format gets a fresh index. Concurrent first calls are
     safe: each builds atomically and a loser of the race uses the winner's folder.
     """
+    from sorl_verl.retrieval.corpus import embedded_corpus_path
+
     corpus = embedded_corpus_path()
     digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
     index_dir = Path(cache_dir or default_cache_dir()) / f"wiki_vital_bm25_v{FORMAT_VERSION}_{digest}"

@@ -34,7 +34,14 @@ from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
 from sorl_verl.retrieval import _cli
-from sorl_verl.retrieval.corpus import CorpusFormatError, Document, _row_to_document, iter_corpus, open_text
+from sorl_verl.retrieval.corpus import (
+    CorpusFormatError,
+    Document,
+    _row_to_document,
+    embedded_corpus_path,
+    iter_corpus,
+    open_text,
+)
 from sorl_verl.retrieval.store import METHODS, DocsWriter, write_docs, write_meta
 
 
@@ -104,7 +111,7 @@ def build_index(
     with atomic_dir(index_dir, overwrite=overwrite) as tmp_dir:
         if method in ("bm25", "pyserini"):
             if method == "bm25":
-                from sorl_verl.retrieval.bm25 import build_bm25 as build_method
+                from sorl_verl.retrieval.bm25_build import build_bm25 as build_method
             else:
                 from sorl_verl.retrieval.lucene import build_lucene as build_method
 
@@ -201,8 +208,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.embedded == (args.corpus is not None):
         parser.error("give either CORPUS or --embedded")
     if args.embedded:
-        from sorl_verl.retrieval import embedded_corpus_path
-
         corpus = embedded_corpus_path()
     else:
         corpus = Path(args.corpus)

@@ -30,7 +30,7 @@ Anserini jar decides the Java version: 0.25.0 is Java 11 bytecode (runs on Debia
 
 Searching goes to Anserini's ``SimpleSearcher`` (the Java object that Pyserini's ``LuceneSearcher``
 wraps) through ``pyserini.pyclass``, which needs pyjnius and the jar only; importing
-``pyserini.search`` would also import faiss, torch, transformers, onnxruntime and openai (26 s here).
+``pyserini.search`` would also import faiss, torch, transformers, onnxruntime and openai (26 s as measured).
 When that class is absent (a Pyserini whose Anserini renamed it) we fall back to ``LuceneSearcher``.
 A batch of queries is searched by Anserini's ``batch_search`` on ``search_threads`` Java threads;
 pyjnius holds the GIL during a call, so Python threads would not search in parallel.
@@ -286,7 +286,7 @@ class LuceneRetriever:
         self._num_docs = int(num_docs)
         self._where = where
         self._lock = threading.Lock()
-        from sorl_verl.retrieval.bm25 import default_search_threads
+        from sorl_verl.retrieval.bm25_search import default_search_threads
 
         self.set_search_threads(default_search_threads() if search_threads is None else search_threads)
 

@@ -1,7 +1,8 @@
 """Exact top-k BM25 by dynamic pruning: MaxScore, document at a time, over layout 2 (compiled).
 
-MaxScore is Turtle and Flood's (1995); this implementation over our layout 2 (``bm25.py``'s module
-docstring: uint16 factor codes and uint16 rows within segments of ``2**bits`` documents) is ours.
+MaxScore is Turtle and Flood's (1995); this implementation over our layout 2
+(:mod:`sorl_verl.retrieval.bm25_format`: uint16 factor codes and uint16 rows within segments of
+``2**bits`` documents) is ours.
 
 Why: exhaustive scoring (``BM25Retriever.top_k_blocked``) adds every posting of every query term
 into a score buffer, so its cost per query grows with the postings, and at 21M passages the buffer
@@ -49,7 +50,7 @@ def top_k_maxscore(k, lows, codes, factors, seghigh, segstart, bits, starts, end
     the term's largest float32 score.
     """
     # One function, no helpers: a numba call that passes arrays counts references on each of them,
-    # which cost 10x the work of a posting here (measured). A cursor per term: ``pos`` its posting,
+    # which cost 10x the work of a posting (measured). A cursor per term: ``pos`` its posting,
     # ``seg`` that posting's segment, ``cur`` its row (``_NO_ROW`` once the list is done).
     m = starts.shape[0]
     rows = np.empty(k, dtype=np.int64)

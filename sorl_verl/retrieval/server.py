@@ -278,7 +278,7 @@ async def _read_body(scope: dict, receive, limits: Limits) -> bytes:
 
 
 def encode_json(payload) -> bytes:
-    """``payload`` as UTF-8 JSON: orjson when installed (0.5 us for a top-3 reply of 2 KB here, against
+    """``payload`` as UTF-8 JSON: orjson when installed (0.5 us for a top-3 reply of 2 KB as measured, against
     25 us for ``json.dumps``, whose cost ran on the event loop's thread: 16% of its samples at 200
     clients), else ``json.dumps(ensure_ascii=False)``. Both parse to the same value (except NaN and
     infinity, which orjson writes as ``null`` and json as non-JSON ``NaN``/``Infinity``; a search

@@ -5,7 +5,7 @@ An index folder holds::
     meta.json          {"format": "sorl_verl.retrieval", "format_version": 1, "method": "bm25"|"dense"|"pyserini",
                         "num_docs": N, "corpus": <source path>, ...method options}
     docs.jsonl         one {"id", "contents"} per line, in index order (row i = index position i)
-    docs.jsonl.offsets/  the byte span of each line of docs.jsonl (``artifacts.MmapCorpus``'s table:
+    docs.jsonl.offsets/  the byte span of each line of docs.jsonl (``corpus.MmapCorpus``'s table:
                        ``offsets.npy`` (N, 2) int64 and its ``meta.json``), written with docs.jsonl
     ...                the method's own files (bm25s arrays and vocabulary, or a FAISS index)
 
@@ -61,7 +61,7 @@ def read_meta(index_dir: str | Path) -> dict:
 
 class DocsWriter:
     """Writes ``docs.jsonl`` one document at a time, and on :meth:`close` its offset table in
-    :class:`~sorl_verl.retrieval.artifacts.MmapCorpus`'s layout (``docs.jsonl.offsets/``), so that
+    :class:`~sorl_verl.retrieval.corpus.MmapCorpus`'s layout (``docs.jsonl.offsets/``), so that
     opening the index needs no scan. Memory: a 16 MiB span buffer; the spans go to a scratch file
     as they are made. Use as a context manager; on an exception the files are left for the
     caller's temporary folder to remove."""
@@ -90,7 +90,9 @@ class DocsWriter:
 
     def close(self) -> None:
         """Finish ``docs.jsonl`` and write ``docs.jsonl.offsets/`` (``offsets.npy`` + ``meta.json``)."""
-        from sorl_verl.retrieval.artifacts import OFFSETS_FORMAT, OFFSETS_SUFFIX, OFFSETS_VERSION, _fingerprint
+        # Imported here, not at the top: the package imports this module, and
+        # ``python -m sorl_verl.retrieval.corpus`` must not find corpus imported already.
+        from sorl_verl.retrieval.corpus import OFFSETS_SUFFIX, corpus_fingerprint, write_offsets_meta
 
         self._spans.tofile(self._spans_file)
         self._spans_file.close()
@@ -103,14 +105,7 @@ class DocsWriter:
             )
             shutil.copyfileobj(spans, out, 1 << 22)
         self._scratch.unlink()
-        meta = {
-            "format": OFFSETS_FORMAT,
-            "format_version": OFFSETS_VERSION,
-            "corpus": DOCS_NAME,
-            "num_rows": self.count,
-            **_fingerprint(self.path),
-        }
-        (table / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_offsets_meta(table, DOCS_NAME, self.count, corpus_fingerprint(self.path))
 
     def __enter__(self) -> DocsWriter:
         return self
@@ -130,11 +125,10 @@ def write_docs(index_dir: Path, ids: list[str], contents: list[str]) -> None:
 
 
 def open_docs(index_dir: Path, num_docs: int, show_progress: bool = True):
-    """``docs.jsonl`` memory-mapped (:class:`~sorl_verl.retrieval.artifacts.MmapCorpus`): ``docs[i]`` is a
+    """``docs.jsonl`` memory-mapped (:class:`~sorl_verl.retrieval.corpus.MmapCorpus`): ``docs[i]`` is a
     fresh ``{"id", "contents"}``; nothing is loaded. Raises :class:`IndexFormatError` when the file is
     missing or its row count is not ``num_docs``."""
-    from sorl_verl.retrieval.artifacts import MmapCorpus
-    from sorl_verl.retrieval.corpus import CorpusFormatError
+    from sorl_verl.retrieval.corpus import CorpusFormatError, MmapCorpus  # here: see DocsWriter.close
 
     path = Path(index_dir) / DOCS_NAME
     if not path.is_file():

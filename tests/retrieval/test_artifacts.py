@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sorl_verl.retrieval import load_retriever
-from sorl_verl.retrieval.artifacts import FaissArtifactRetriever, MmapCorpus
-from sorl_verl.retrieval.corpus import CorpusFormatError, format_contents, iter_corpus
+from sorl_verl.retrieval.artifacts import FaissArtifactRetriever
+from sorl_verl.retrieval.corpus import CorpusFormatError, MmapCorpus, format_contents, iter_corpus
 from sorl_verl.retrieval.dense import HashingEncoder
 from sorl_verl.retrieval.store import IndexFormatError
 
@@ -101,7 +101,7 @@ def test_mmap_corpus_rebuilds_its_table_when_the_corpus_changes(tmp_path):
 
 
 def test_offset_table_goes_to_the_cache_when_the_corpus_folder_is_read_only(tmp_path, monkeypatch):
-    from sorl_verl.retrieval import artifacts
+    from sorl_verl.retrieval import corpus as corpus_module
 
     monkeypatch.setenv("SORL_VERL_CACHE", str(tmp_path / "cache"))
     shared, prebuilt = tmp_path / "shared", tmp_path / "prebuilt"
@@ -110,7 +110,8 @@ def test_offset_table_goes_to_the_cache_when_the_corpus_folder_is_read_only(tmp_
     write_rows(shared / "wiki.jsonl", corpus_rows(10))
     write_rows(prebuilt / "wiki.jsonl", corpus_rows(10))
     assert MmapCorpus(prebuilt / "wiki.jsonl", show_progress=False).offsets_dir == prebuilt / "wiki.jsonl.offsets"
-    monkeypatch.setattr(artifacts.os, "access", lambda path, mode: False)  # as for a read-only folder (we run as root)
+    # as for a read-only folder (we run as root)
+    monkeypatch.setattr(corpus_module.os, "access", lambda path, mode: False)
     corpus = MmapCorpus(shared / "wiki.jsonl", show_progress=False)
     assert corpus.rebuilt and corpus.offsets_dir.parent == tmp_path / "cache" / "corpus_offsets"
     assert not (shared / "wiki.jsonl.offsets").exists() and corpus[9]["id"] == "9"

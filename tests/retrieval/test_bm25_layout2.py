@@ -11,7 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sorl_verl.retrieval import IndexFormatError, bm25, build_index, embedded_corpus_path, load_retriever
+from sorl_verl.retrieval import (
+    IndexFormatError,
+    bm25,
+    bm25_format,
+    bm25_index,
+    bm25_search,
+    build_index,
+    embedded_corpus_path,
+    load_retriever,
+)
 from sorl_verl.retrieval.build import main as sorl_index_main
 from sorl_verl.retrieval.corpus import iter_corpus
 from sorl_verl.retrieval.quality import load_questions
@@ -108,7 +117,7 @@ def test_every_path_of_layout2_answers_as_layout1(indexes, monkeypatch):
             blocked = coded(indexes[name])
             blocked._block_edges = np.append(np.arange(0, len(blocked), step, dtype=np.int64), len(blocked))
             for sparse in (0, 300, 1 << 30):  # every query blocked, some sparse, every query sparse
-                monkeypatch.setattr(bm25, "SPARSE_POSTINGS", sparse)
+                monkeypatch.setattr(bm25_search, "SPARSE_POSTINGS", sparse)
                 assert blocked.search(QUERIES, topk=3) == expected[3], (name, step, sparse)
             for query in QUERIES:
                 token_ids = blocked.query_token_ids(query)
@@ -117,11 +126,11 @@ def test_every_path_of_layout2_answers_as_layout1(indexes, monkeypatch):
                 got_rows, got_scores = blocked.top_k_blocked(token_ids, 5)
                 assert got_rows.tolist() == rows[best].tolist() and np.array_equal(got_scores, scores[best]), query
             assert not blocked._buffer().any()
-        monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 0)
-        monkeypatch.setattr(bm25, "SCATTER_ALONE_POSTINGS", 1)  # every list through add_to in the window too
+        monkeypatch.setattr(bm25_search, "SPARSE_POSTINGS", 0)
+        monkeypatch.setattr(bm25_search, "SCATTER_ALONE_POSTINGS", 1)  # every list through add_to in the window too
         blocked._block_edges = np.append(np.arange(0, len(blocked), 2 << bits, dtype=np.int64), len(blocked))
         for view in (0, 1 << 30):  # segments added one view at a time, or rows decoded first
-            monkeypatch.setattr(bm25, "VIEW_SEGMENT_POSTINGS", view)
+            monkeypatch.setattr(bm25_index, "VIEW_SEGMENT_POSTINGS", view)
             assert one_block.search(QUERIES, topk=3) == expected[3], (name, view)
             assert blocked.search(QUERIES, topk=3) == expected[3], (name, view)
         monkeypatch.undo()
@@ -190,7 +199,7 @@ def test_colliding_hashes_still_find_the_exact_terms(small_corpus, tmp_path, mon
     only the stored bytes decide, so the answers are those of the real hash."""
     queries = ["capital city of France", "Guido van Rossum", "snake planet", "unknownwordxyz"]
     expected = coded(build_index(small_corpus, tmp_path / "real", show_progress=False)).search(queries, 6)
-    monkeypatch.setattr(bm25, "term_hash", lambda key: 0)
+    monkeypatch.setattr(bm25_format, "term_hash", lambda key: 0)  # for the build and the lookups
     collided = coded(build_index(small_corpus, tmp_path / "collide", show_progress=False))
     assert collided.search(queries, topk=6) == expected and sum(map(len, expected)) >= 6
     vocab = json.loads((tmp_path / "collide" / "bm25" / bm25.VOCAB_FILE).read_text(encoding="utf-8"))
@@ -261,7 +270,7 @@ def test_sorl_index_builds_layout2_by_default(small_corpus, tmp_path):
 
 def test_small_layout2_index_is_decoded_at_load_and_answers_the_same(indexes):
     decoded, mapped = load_retriever(indexes["segments32"]), coded(indexes["segments32"])
-    assert isinstance(decoded._index, bm25._CscIndex) and isinstance(mapped._index, bm25._SegmentedIndex)
+    assert isinstance(decoded._index, bm25_index.CscIndex) and isinstance(mapped._index, bm25_index.SegmentedIndex)
     assert decoded.layout == mapped.layout == 2
     assert decoded.search(QUERIES, topk=3) == mapped.search(QUERIES, topk=3)
     assert decoded.search(QUERIES, topk=10) == mapped.search(QUERIES, topk=10)

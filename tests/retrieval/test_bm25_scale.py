@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sorl_verl.retrieval import IndexFormatError, build_index, embedded_corpus_path, load_retriever
-from sorl_verl.retrieval.bm25 import BM25_DIR, BM25Retriever, _read_index, build_bm25, build_bm25_in_memory
+from sorl_verl.retrieval.bm25 import BM25_DIR, BM25Retriever, build_bm25, build_bm25_in_memory
+from sorl_verl.retrieval.bm25_index import read_index
 from sorl_verl.retrieval.build import main as sorl_index_main
 from sorl_verl.retrieval.build import stream_corpus
 from sorl_verl.retrieval.corpus import CorpusFormatError, iter_corpus
@@ -160,7 +161,7 @@ def test_build_reads_the_corpus_a_chunk_at_a_time(tmp_path):
     ours = build_bm25(contents(), tmp_path / "bounded", chunk_docs=100, block_postings=64, show_progress=False)
     theirs = build_bm25_in_memory(texts, tmp_path / "memory", show_progress=False)
     assert ours["bm25"]["vocab_size"] == theirs["bm25"]["vocab_size"] > 1000
-    data = [_read_index(tmp_path / kind / BM25_DIR, mmap=False)[1].csc()[0] for kind in ("bounded", "memory")]
+    data = [read_index(tmp_path / kind / BM25_DIR, mmap=False)[1].csc()[0] for kind in ("bounded", "memory")]
     assert ours["bm25"]["postings"] == len(data[0]) and np.array_equal(*data)
     assert not scratch.exists()
 
@@ -245,7 +246,7 @@ def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
     """top_k's fast paths (the one-block window, the few-postings selection) and the blocked path give
     the documents, float32 scores and tie order of scoring every match and taking its top k; a corpus
     searched as one block and as many blocks gives the same answers."""
-    from sorl_verl.retrieval import bm25
+    from sorl_verl.retrieval import bm25, bm25_search
 
     one_block = load_retriever(both_indexes[0])
     many_blocks = load_retriever(both_indexes[0])
@@ -259,7 +260,7 @@ def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
         "blocked": lambda spans, k, ids: many_blocks.top_k_blocked(ids, k),
     }
     used = {"sparse": 0, "blocked": 0}
-    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 300)  # this small corpus: both multi-block paths taken
+    monkeypatch.setattr(bm25_search, "SPARSE_POSTINGS", 300)  # this small corpus: both multi-block paths taken
     for query in questions:
         token_ids = one_block.query_token_ids(query)
         spans = one_block._postings(token_ids)
@@ -276,15 +277,15 @@ def test_every_top_k_path_equals_scoring_every_match(both_indexes, monkeypatch):
             got_rows, got_scores = many_blocks.top_k(token_ids, k)  # the dispatcher, as searches use it
             assert got_rows.tolist() == expected[0] and np.array_equal(got_scores, expected[1]), query
             if spans:
-                used["sparse" if sum(map(len, spans)) <= bm25.SPARSE_POSTINGS else "blocked"] += 1
+                used["sparse" if sum(map(len, spans)) <= bm25_search.SPARSE_POSTINGS else "blocked"] += 1
     assert used["sparse"] > 0 and used["blocked"] > 0  # both multi-block paths ran
     assert not one_block._buffer().any() and not many_blocks._buffer().any()  # left zeroed
     assert one_block.search(questions, topk=3) == many_blocks.search(questions, topk=3)
-    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 1 << 30)  # every multi-block query through the sparse path
+    monkeypatch.setattr(bm25_search, "SPARSE_POSTINGS", 1 << 30)  # every multi-block query through the sparse path
     assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
-    monkeypatch.setattr(bm25, "SPARSE_POSTINGS", 0)  # every multi-block query through the blocked path
+    monkeypatch.setattr(bm25_search, "SPARSE_POSTINGS", 0)  # every multi-block query through the blocked path
     assert one_block.search(questions, topk=5) == many_blocks.search(questions, topk=5)
-    monkeypatch.setattr(bm25, "SCATTER_GROUP_POSTINGS", 50)  # posting lists joined in groups, split, or alone
+    monkeypatch.setattr(bm25_search, "SCATTER_GROUP_POSTINGS", 50)  # posting lists joined in groups, split, or alone
     for query in questions:
         token_ids = one_block.query_token_ids(query)
         spans = one_block._postings(token_ids)
