@@ -40,10 +40,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep._common import DataPrepError
 from sorl_verl.fileio import atomic_file
+from sorl_verl.progress import progress
 
 FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
 # name -> (repo, config or None, split) of the medical sets' hub copies
@@ -116,7 +115,7 @@ def pick_split(splits, wanted: str | list[str], where: str):
 def export_jsonl(rows: Iterable[dict], out: Path, desc: str, total: int | None = None) -> Path:
     """JSON lines, atomically, with a progress bar."""
     with atomic_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for row in tqdm(rows, desc=desc, total=total, unit=" rows"):
+        for row in progress(rows, desc=desc, total=total, unit=" rows"):
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return out
 
@@ -183,7 +182,7 @@ def _medmcqa_row(row: dict, index: int, repo: str) -> dict:
 
 def _export_pubmedqa(data, out: Path, repo: str) -> None:
     entries = {}
-    for index, row in enumerate(tqdm(data, desc="export pubmedqa", unit=" rows")):
+    for index, row in enumerate(progress(data, desc="export pubmedqa", unit=" rows")):
         pmid = str(row.get("pubid", index))
         if pmid in entries:
             raise DataPrepError(f"{repo}: row {index}: field 'pubid': {pmid} appears twice")
@@ -195,7 +194,7 @@ def _export_pubmedqa(data, out: Path, repo: str) -> None:
 def _export_mmlu(data, out: Path, where: str) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    for index, row in enumerate(tqdm(data, desc=f"export {out.stem}", unit=" rows")):
+    for index, row in enumerate(progress(data, desc=f"export {out.stem}", unit=" rows")):
         choices, answer = row.get("choices"), row.get("answer")
         if not isinstance(choices, list) or len(choices) != 4:
             raise DataPrepError(f"{where}: row {index}: field 'choices': expected 4 options, got {choices!r}")

@@ -35,9 +35,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
+from sorl_verl.progress import progress
 from sorl_verl.retrieval.corpus import CorpusFormatError, _row_to_document
 from sorl_verl.retrieval.store import IndexFormatError
 
@@ -84,7 +84,7 @@ def scan_rows(path: Path, show_progress: bool = True) -> np.ndarray:
     data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
     size = len(data)
     newlines = []
-    with tqdm(
+    with progress(
         total=size, unit="B", unit_scale=True, desc=f"index rows of {path.name}", disable=not show_progress
     ) as bar:
         for start in range(0, size, _SCAN_BYTES):

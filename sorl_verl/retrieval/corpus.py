@@ -26,9 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from sorl_verl.fileio import atomic_file
+from sorl_verl.progress import progress
 
 
 class CorpusFormatError(ValueError):
@@ -95,7 +94,7 @@ def iter_corpus(path: str | Path, show_progress: bool = False) -> Iterator[Docum
     seen: dict[str, int] = {}
     row_index = 0
     with open_text(path) as f:
-        for line_number, line in enumerate(tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1):
+        for line_number, line in enumerate(progress(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1):
             if not line.strip():
                 continue
             where = f"{path}:{line_number}"
@@ -165,7 +164,7 @@ def convert_wiki_summaries(summaries_json: str | Path, out_path: str | Path) -> 
             raise CorpusFormatError(f"{summaries_json}: invalid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(summaries, dict):
         raise CorpusFormatError(f"{summaries_json}: expected a JSON object {{title: summary}}")
-    return write_jsonl_atomic(tqdm(wiki_summaries_to_rows(summaries), desc="write corpus"), out_path)
+    return write_jsonl_atomic(progress(wiki_summaries_to_rows(summaries), desc="write corpus"), out_path)
 
 
 def main(argv: list[str] | None = None) -> None:
