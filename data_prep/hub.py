@@ -40,10 +40,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep._common import MMLU_MED_SUBJECTS, DataPrepError
 from sorl_verl.fileio import atomic_file
+from sorl_verl.progress import progress
 
 FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
 # name -> (repo, config or None, split) of the medical sets' hub copies
@@ -102,7 +101,9 @@ def load_splits(repo: str, config: str | None):
     try:
         return datasets.load_dataset(str(repo), config)
     except Exception as error:  # datasets raises many types (network, missing config, bad files)
-        raise DataPrepError(f"{where}: datasets.load_dataset failed: {type(error).__name__}: {str(error)[:300]}") from None
+        raise DataPrepError(
+            f"{where}: datasets.load_dataset failed: {type(error).__name__}: {str(error)[:300]}"
+        ) from None
 
 
 def pick_split(splits, wanted: str | list[str], where: str):
@@ -116,7 +117,7 @@ def pick_split(splits, wanted: str | list[str], where: str):
 def export_jsonl(rows: Iterable[dict], out: Path, desc: str, total: int | None = None) -> Path:
     """JSON lines, atomically, with a progress bar."""
     with atomic_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for row in tqdm(rows, desc=desc, total=total, unit=" rows"):
+        for row in progress(rows, desc=desc, total=total, unit=" rows"):
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return out
 
@@ -126,7 +127,9 @@ def flashrag_split_for(split: str, available) -> list[str]:
     return ["train"] if split == "train" else ["test", "dev", "train"]
 
 
-def fetch_qa(names: list[str], split: str, repo: str = FLASHRAG_REPO, cache_dir: Path | None = None) -> list[tuple[str, Path]]:
+def fetch_qa(
+    names: list[str], split: str, repo: str = FLASHRAG_REPO, cache_dir: Path | None = None
+) -> list[tuple[str, Path]]:
     """Export each FlashRAG set's split to ``<cache>/hub/<repo>/<name>/<split>.jsonl``; returns
     ``[(name, path)]`` for :func:`data_prep.search_qa.convert`."""
     root = Path(cache_dir or hub_cache_dir()) / _slug(repo)
@@ -157,14 +160,25 @@ def fetch_medical(names: list[str], repos: dict | None = None, cache_dir: Path |
         _, data = pick_split(load_splits(repo, config), split, f"{repo}")
         if name == "medqa":
             fields = ("question", "options", "answer_idx")
-            export_jsonl(({k: row.get(k) for k in fields} for row in data),
-                         root / "medqa" / "US_4options_test.jsonl", "export medqa", len(data))
+            export_jsonl(
+                ({k: row.get(k) for k in fields} for row in data),
+                root / "medqa" / "US_4options_test.jsonl",
+                "export medqa",
+                len(data),
+            )
         elif name == "medmcqa":
-            export_jsonl((_medmcqa_row(row, i, repo) for i, row in enumerate(data)),
-                         root / "medmcqa" / "dev.json", "export medmcqa", len(data))
+            export_jsonl(
+                (_medmcqa_row(row, i, repo) for i, row in enumerate(data)),
+                root / "medmcqa" / "dev.json",
+                "export medmcqa",
+                len(data),
+            )
         else:
-            print(f"pubmedqa: {repo} ({config}) holds all {len(data)} labelled questions; MIRAGE's test set is "
-                  f"the official 500 of them, which the hub copy does not mark", file=sys.stderr)
+            print(
+                f"pubmedqa: {repo} ({config}) holds all {len(data)} labelled questions; MIRAGE's test set is "
+                f"the official 500 of them, which the hub copy does not mark",
+                file=sys.stderr,
+            )
             _export_pubmedqa(data, root / "pubmedqa" / "test_set.json", repo)
     return root
 
@@ -172,8 +186,10 @@ def fetch_medical(names: list[str], repos: dict | None = None, cache_dir: Path |
 def _medmcqa_row(row: dict, index: int, repo: str) -> dict:
     cop = row.get("cop")
     if isinstance(cop, bool) or not isinstance(cop, int) or not 0 <= cop <= 3:
-        raise DataPrepError(f"{repo}: row {index}: field 'cop': {cop!r} is not an answer index 0..3 (the hub's test "
-                            f"split has no answers; use validation)")
+        raise DataPrepError(
+            f"{repo}: row {index}: field 'cop': {cop!r} is not an answer index 0..3 (the hub's test "
+            f"split has no answers; use validation)"
+        )
     out = {k: row.get(k) for k in ("id", "question", "opa", "opb", "opc", "opd", "subject_name")}
     out["cop"] = cop + 1  # MIRAGE's dev.json is 1-based, the hub's ClassLabel 0-based
     return out
@@ -181,7 +197,7 @@ def _medmcqa_row(row: dict, index: int, repo: str) -> dict:
 
 def _export_pubmedqa(data, out: Path, repo: str) -> None:
     entries = {}
-    for index, row in enumerate(tqdm(data, desc="export pubmedqa", unit=" rows")):
+    for index, row in enumerate(progress(data, desc="export pubmedqa", unit=" rows")):
         pmid = str(row.get("pubid", index))
         if pmid in entries:
             raise DataPrepError(f"{repo}: row {index}: field 'pubid': {pmid} appears twice")
@@ -193,7 +209,7 @@ def _export_pubmedqa(data, out: Path, repo: str) -> None:
 def _export_mmlu(data, out: Path, where: str) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    for index, row in enumerate(tqdm(data, desc=f"export {out.stem}", unit=" rows")):
+    for index, row in enumerate(progress(data, desc=f"export {out.stem}", unit=" rows")):
         choices, answer = row.get("choices"), row.get("answer")
         if not isinstance(choices, list) or len(choices) != 4:
             raise DataPrepError(f"{where}: row {index}: field 'choices': expected 4 options, got {choices!r}")

@@ -27,8 +27,6 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep._common import (
     SINGLE_TURN_AGENT,
     DataPrepError,
@@ -43,6 +41,7 @@ from data_prep._common import (
     write_parquet_atomic,
 )
 from data_prep.templates import dapo_problem, render_dapo_math
+from sorl_verl.progress import progress
 
 DATA_SOURCES = ("dapo_math", "aime2024")
 ABILITY = "math"
@@ -129,7 +128,7 @@ def convert(
                     unique.append(item)
             items = unique
         keep = select_indices(len(items), limit, sample, seed)
-        for index, position in enumerate(tqdm(keep, desc=data_source, leave=False)):
+        for index, position in enumerate(progress(keep, desc=data_source, leave=False)):
             problem, content, answer, source_id = items[position]
             rows.append(
                 make_row(

@@ -33,8 +33,6 @@ import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep._common import (
     MMLU_MED_SUBJECTS,
     SEARCH_AGENT,
@@ -53,6 +51,7 @@ from data_prep._common import (
     write_parquet_atomic,
 )
 from data_prep.templates import render_medical
+from sorl_verl.progress import progress
 
 ABILITY = "medical-mcqa"
 LETTERS = "ABCD"
@@ -162,7 +161,7 @@ def convert(
     """Rows of one MIRAGE data set."""
     items = read_dataset(name, Path(mirage_dir))
     rows = []
-    for index, position in enumerate(tqdm(select_indices(len(items), limit, sample, seed), desc=name, leave=False)):
+    for index, position in enumerate(progress(select_indices(len(items), limit, sample, seed), desc=name, leave=False)):
         question, choices, letter, source_id, subject = items[position]
         rows.append(
             make_row(

@@ -23,8 +23,6 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep._common import (
     SEARCH_AGENT,
     DataPrepError,
@@ -41,6 +39,7 @@ from data_prep._common import (
     write_parquet_atomic,
 )
 from data_prep.templates import render_search_r1, search_r1_question
+from sorl_verl.progress import progress
 
 DATA_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 ABILITY = "fact-reasoning"  # Search-R1's value
@@ -82,7 +81,7 @@ def convert(
             raise DataPrepError(f"unknown data source {data_source!r} for {path}; choose from {', '.join(DATA_SOURCES)}")
         records = read_qa_file(Path(path))
         keep = select_indices(len(records), limit, sample, seed)
-        for index, position in enumerate(tqdm(keep, desc=data_source, unit="q", leave=False)):
+        for index, position in enumerate(progress(keep, desc=data_source, unit="q", leave=False)):
             record = records[position]
             question = search_r1_question(record["question"])
             rows.append(

@@ -39,6 +39,8 @@ __all__ = ["TURN_GAE_OVERRIDES", "compute_turn_gae_advantage_return", "provide_c
 
 TURN_GAE_OVERRIDES = "algorithm.adv_estimator=turn_gae critic.enable=True trainer.v1.trainer_mode=sorl_sync"
 
+# Not on verl's objects: verl 0.9's compute_advantage holds the values in its DataProto but calls a
+# registered estimator with rewards, mask, uid, reward_baselines and the algorithm config only.
 _critic_values: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
     "sorl_verl_critic_values", default=None
 )

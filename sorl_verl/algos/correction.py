@@ -41,8 +41,9 @@ What is the paper's and what is ours:
 How the batch scope reaches verl 0.9.1: a registered loss only sees one micro-batch, and the
 scale is known only after the last one. The narrowest hook is verl's ``BaseEngine.train_batch``
 (zero grads, forward/backward over the micro-batches, optimizer step: one optimizer step per
-mini-batch for every engine). :func:`install` wraps it, once, in every process that imports
-verl's engine module, and only on the tested verl version: the wrapper opens a
+mini-batch for every engine; verl 0.9 has no public hook around it). :func:`install` wraps it,
+once, in every process that imports verl's engine module, and only on a verl version it was
+written for (0.9.x, :mod:`sorl_verl._verl_version`): the wrapper opens a
 :class:`BatchCorrection` for the call; SORL losses add their sums to it; a step pre-hook on the
 engine's optimizer (torch's public ``register_step_pre_hook``, so after verl's gradient clipping,
 which therefore cannot absorb the scale; ``actor/grad_norm`` is the norm before the scale)
@@ -52,6 +53,7 @@ the mini-batch's metrics to verl's. The ``sequence`` scope needs no hook for the
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
@@ -61,6 +63,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sorl_verl._verl_version import PATCHABLE_VERL, installed_verl, verl_patchable
+
 __all__ = [
     "DEFAULT_KAPPA",
     "DEFAULT_TAU",
@@ -68,7 +72,6 @@ __all__ = [
     "METRIC_NAMES",
     "NORMALIZATION_MODES",
     "NORM_SCOPES",
-    "TESTED_VERL_VERSIONS",
     "BatchCorrection",
     "CorrectionSums",
     "active_correction",
@@ -84,7 +87,6 @@ NORMALIZATION_MODES = ("relative", "absolute", "none")
 NORM_SCOPES = ("batch", "sequence")
 DEFAULT_TAU = 0.1
 DEFAULT_KAPPA = 0.1
-TESTED_VERL_VERSIONS = ("0.9.1",)
 ENGINE_MODULE = "verl.workers.engine.base"
 _PREFIX = "actor/sorl/"
 # Added to verl's metrics once per optimizer step (mini-batch); see BatchCorrection.metrics.
@@ -169,6 +171,7 @@ class BatchCorrection:
         self.scale: float = 1.0
         self.applied = False
         self._handle = None
+        self._token: contextvars.Token | None = None
 
     @property
     def used(self) -> bool:
@@ -183,7 +186,9 @@ class BatchCorrection:
         if self.scope is None:
             self.scope, self.mode, self.tau, self.kappa = scope, mode, tau, kappa
         elif (scope, mode, tau, kappa) != (self.scope, self.mode, self.tau, self.kappa):
-            raise RuntimeError("sorl_verl: loss calls of one mini-batch disagree on the clipping-bias correction options")
+            raise RuntimeError(
+                "sorl_verl: loss calls of one mini-batch disagree on the clipping-bias correction options"
+            )
         if expected_tokens is not None:
             self.expected_tokens = float(expected_tokens)
         totals = sums.totals.detach().to(torch.float64)
@@ -276,7 +281,7 @@ class BatchCorrection:
         return out
 
     def __enter__(self) -> BatchCorrection:
-        _ACTIVE.append(self)
+        self._token = _ACTIVE.set(self)
         if self.optimizer is not None:
             self._handle = self.optimizer.register_step_pre_hook(self._pre_step_hook)
         return self
@@ -284,15 +289,17 @@ class BatchCorrection:
     def __exit__(self, *exc) -> None:
         if self._handle is not None:
             self._handle.remove()
-        _ACTIVE.remove(self)
+        _ACTIVE.reset(self._token)
 
 
-_ACTIVE: list[BatchCorrection] = []
+# Not on verl's objects: verl 0.9 hands a policy loss only tensors and the actor config, whose per-step
+# dict it splats into agg_loss (no room for another key), and its distillation loss passes another config.
+_ACTIVE: contextvars.ContextVar[BatchCorrection | None] = contextvars.ContextVar("sorl_verl_correction", default=None)
 
 
 def active_correction() -> BatchCorrection | None:
-    """The innermost open :class:`BatchCorrection` of this process, if any."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    """The innermost open :class:`BatchCorrection` of this context (thread, task), if any."""
+    return _ACTIVE.get()
 
 
 @contextmanager
@@ -346,14 +353,12 @@ def _wrap_train_batch(original):
 
 
 def _patch_engine(module) -> None:
-    import verl
-
-    if verl.__version__ not in TESTED_VERL_VERSIONS:
+    if not verl_patchable():
         _logger.warning(
             "sorl_verl: the batch-level clipping-bias correction hooks verl's BaseEngine.train_batch, "
-            "tested on verl %s; installed verl is %s: not installed (norm_scope=batch will refuse to run)",
-            ", ".join(TESTED_VERL_VERSIONS),
-            verl.__version__,
+            "written for verl %s; installed verl is %s: not installed (norm_scope=batch will refuse to run)",
+            PATCHABLE_VERL,
+            installed_verl(),
         )
         return
     engine = module.BaseEngine

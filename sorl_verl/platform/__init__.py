@@ -6,11 +6,14 @@ selected explicitly, so GPU machines are unaffected:
 
 - ``VERL_PLATFORM=cpu`` in the environment (verl's own platform override): the platform is
   set up when this package is imported, or
-- ``trainer.device=cpu`` in the trainer's config (on the command line or in a config file):
-  verl's entry points (``main_ppo``, the async and SFT trainers) first call
-  ``verl.utils.device.auto_set_device(config)``, which would switch the device to the detected
-  accelerator; :func:`auto_set_device` wraps it and selects the cpu platform there instead,
+- ``trainer.device=cpu`` in the trainer's config (on the command line or in a config file), in
+  a process with no CUDA or NPU device: verl's entry points (``main_ppo``, the async and SFT
+  trainers) first call ``verl.utils.device.auto_set_device(config)``, which replaces the device
+  by the detected platform's, and with no accelerator verl's detection falls back to ``cuda``.
+  Only there (and only on verl 0.9.x) a shim of that function selects the cpu platform instead,
   then exports ``VERL_PLATFORM=cpu`` so the Ray workers this driver starts inherit the choice.
+  Where an accelerator is visible nothing of ours wraps verl, and ``trainer.device`` follows
+  verl's own rule (the accelerator wins); ``VERL_PLATFORM=cpu`` selects the CPU there.
 
 Selecting it registers the platform, applies :func:`sorl_verl.platform.patches.apply_cpu_patches`
 (version-checked shims and registrations, including the ``hf`` rollout). The Hydra overrides a
@@ -24,6 +27,7 @@ import os
 from collections.abc import Mapping
 
 from sorl_verl._import_hooks import call_after_import
+from sorl_verl._verl_version import verl_patchable
 
 PLATFORM_ENV = "VERL_PLATFORM"
 
@@ -63,20 +67,26 @@ def _select_cpu_from_config(original):
     return auto_set_device
 
 
-def _wrap_auto_set_device(device_module) -> None:
-    # Installed in every process, whatever the verl version: it only reads the config, and
-    # activate() checks the verl version before patching anything.
+def _shim_auto_set_device(device_module) -> None:
+    """Let ``trainer.device=cpu`` select the cpu platform, where verl would override it wrongly.
+
+    Only in a process with no CUDA/NPU device (verl's own ``is_cuda_available`` and
+    ``is_npu_available`` flags), on a patchable verl: elsewhere verl's function stays untouched.
+    """
+    if device_module.is_cuda_available or device_module.is_npu_available or not verl_patchable():
+        return
     from sorl_verl.platform.patches import apply_shim
 
     apply_shim(
         device_module,
         "auto_set_device",
         _select_cpu_from_config,
-        "verl's entry points read trainer.device here first; trainer.device=cpu selects the cpu platform",
+        # no public hook sees the config before verl replaces trainer.device by its fallback 'cuda'
+        "without an accelerator verl sets trainer.device=cpu to its fallback 'cuda'; the entry points read it here first",
     )
 
 
 if cpu_selected():
     activate()
 else:
-    call_after_import("verl.utils.device", _wrap_auto_set_device)
+    call_after_import("verl.utils.device", _shim_auto_set_device)

@@ -5,8 +5,8 @@ Infrastructure only. verl's public registration calls are used where verl has on
 ``set_platform``). What remains are shims: each replaces one name at the one place verl
 reads it, through :func:`apply_shim`, which records the original and the reason in
 :data:`SHIMS`. They are checked against the verl versions they were written for
-(:data:`TESTED_VERL_VERSIONS`): on another version we refuse to patch with a clear message
-instead of silently changing unknown code.
+(:func:`sorl_verl._verl_version.verl_patchable`, verl 0.9.x): on another version we refuse to
+patch with a clear message instead of silently changing unknown code.
 
 When the cpu platform is selected (never otherwise):
 
@@ -35,13 +35,11 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-import verl
-
 from sorl_verl._import_hooks import call_after_import
+from sorl_verl._verl_version import PATCHABLE_VERL, TESTED_VERL, installed_verl, verl_patchable
 
 logger = logging.getLogger("sorl_verl.platform")
 
-TESTED_VERL_VERSIONS = ("0.9.1",)
 ROLLOUT_NAME = "hf"
 MISSING = object()  # ``Shim.original`` of a mapping entry that did not exist
 
@@ -62,12 +60,12 @@ _applied = False
 
 
 def check_verl_version() -> None:
-    """Raise if the installed verl is not one the CPU shims were tested against."""
-    if verl.__version__ not in TESTED_VERL_VERSIONS:
+    """Raise if the installed verl is not one the CPU shims were written for."""
+    if not verl_patchable():
         raise RuntimeError(
-            f"sorl_verl's cpu platform patches verl internals and was tested with verl "
-            f"{', '.join(TESTED_VERL_VERSIONS)}; installed verl is {verl.__version__}. "
-            "Install verl==0.9.1 to train on CPU (GPU runs do not use these patches)."
+            f"sorl_verl's cpu platform patches verl internals and was tested with verl {TESTED_VERL} "
+            f"(accepts {PATCHABLE_VERL}); installed verl is {installed_verl()}. "
+            f"Install verl=={TESTED_VERL} to train on CPU (GPU runs do not use these patches)."
         )
 
 
@@ -224,4 +222,4 @@ def apply_cpu_patches() -> None:
     _register_fsdp_engines_for_cpu()
     register_hf_rollout()
     _applied = True
-    logger.info("sorl_verl: cpu platform patches applied to verl %s", verl.__version__)
+    logger.info("sorl_verl: cpu platform patches applied to verl %s", installed_verl())

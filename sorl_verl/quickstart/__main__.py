@@ -18,6 +18,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+
 def _prepare_config(args: argparse.Namespace):
     """The task's prepare config with the options given on the command line; ValueError for another task's option."""
     from sorl_verl.quickstart.tasks import get_task, task_names

@@ -22,6 +22,8 @@ from sorl_verl.tables.runs import Run, validation_scores
 TRAIN_REWARD = "critic/score/mean"
 TOKEN_CLIP = "actor/pg_clipfrac"
 TURN_CLIP = "actor/sorl/clipfrac_turn"
+# verl's turn count (the user turn, every model turn, every observation): training batch, validation
+TRAIN_TURNS = "num_turns/mean"
 VAL_TURNS = "val-aux/num_turns/mean"
 # the asynchronous trainers' staleness metrics (sorl_verl.algos.async_trainers)
 STALENESS_MEAN = "actor/sorl/turn_staleness_mean"
@@ -90,8 +92,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _half(x: float | None) -> float | None:
-    return None if x is None else x / 2
+def model_turns(num_turns: float | None) -> float | None:
+    """Model turns of a ``search_r1`` trajectory from verl's ``num_turns`` (see :func:`summarize`)."""
+    return None if num_turns is None else num_turns / 2
 
 
 # the phases worth showing, in the order of a step; others (start_profile, ...) are noise
@@ -135,8 +138,8 @@ def summarize(run: Run) -> Summary:
         val_reward_after=val[last] if last is not None else None,
         first_step=first,
         last_step=last,
-        turns_before=_half(steps[first].get(VAL_TURNS)) if first is not None else None,
-        turns_after=_half(steps[last].get(VAL_TURNS)) if last is not None else None,
+        turns_before=model_turns(steps[first].get(VAL_TURNS)) if first is not None else None,
+        turns_after=model_turns(steps[last].get(VAL_TURNS)) if last is not None else None,
         token_clip_frac=_mean(_series(steps, TOKEN_CLIP)),
         turn_clip_frac=_mean(_series(steps, TURN_CLIP)),
         step_seconds=timing.get("step"),

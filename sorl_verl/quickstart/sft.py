@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
+from sorl_verl.progress import progress
 
 
 @dataclass
@@ -152,14 +152,14 @@ def train_sft(
     def lr_factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        done = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     generator = torch.Generator().manual_seed(seed)
     pad_id = pad_token_id(tokenizer)
     losses: list[float] = []
-    bar = tqdm(range(steps), desc="sft warm start", disable=not show_progress)
+    bar = progress(range(steps), desc="sft warm start", disable=not show_progress)
     for _ in bar:
         pick = torch.randint(len(examples), (min(batch_size, len(examples)),), generator=generator).tolist()
         batch = collate([examples[i] for i in pick], pad_id)

@@ -15,18 +15,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
-from sorl_verl.quickstart.report import STALENESS_MEAN, TRAIN_REWARD, format_table, summarize
+from sorl_verl.quickstart.report import (
+    STALENESS_MEAN,
+    TRAIN_REWARD,
+    TRAIN_TURNS,
+    format_table,
+    model_turns,
+    summarize,
+)
+from sorl_verl.tables.plot import Derived
 
 LAUNCHES = "launches.jsonl"
 # drawn after the validation and stability panels of sorl_verl.tables.plot
 EXTRA_PANELS = [
     ("Training reward (rollouts)", [TRAIN_REWARD]),
-    ("Model turns per trajectory (rollouts)", [r"num_turns/mean"]),
+    # the summary's model turns (verl's num_turns also counts the user turn and the observations)
+    ("Model turns per trajectory (rollouts)", [re.escape(TRAIN_TURNS)], Derived("{metric} / 2", model_turns)),
     # asynchronous trainers only (a panel nobody logged is left out)
     ("Turn staleness, mean (trained batch)", [STALENESS_MEAN]),
 ]

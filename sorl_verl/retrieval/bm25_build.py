@@ -26,8 +26,8 @@ from pathlib import Path
 import bm25s
 import numpy as np
 import Stemmer
-from tqdm.auto import tqdm
 
+from sorl_verl.progress import progress
 from sorl_verl.retrieval import bm25_format as fmt
 
 DEFAULT_CHUNK_DOCS = 100_000
@@ -304,7 +304,7 @@ def build_bm25(
     num_docs = 0
     texts: list[str] = []
     stream = iter(contents)
-    with tqdm(desc="BM25 pass 1/2: tokenize", unit=" docs", disable=not show_progress) as bar:
+    with progress(desc="BM25 pass 1/2: tokenize", unit=" docs", disable=not show_progress) as bar:
         while True:
             texts.clear()
             for text in stream:
@@ -341,7 +341,7 @@ def build_bm25(
     np.cumsum(df, out=indptr[1:])
     nnz = int(indptr[-1])
     np.save(folder / fmt.INDPTR_FILE, indptr)
-    with tqdm(
+    with progress(
         total=nnz, desc="BM25 pass 2/2: score", unit=" postings", unit_scale=True, disable=not show_progress
     ) as bar:
         blocks = _csc_blocks(chunk_files, indptr, _term_blocks(indptr, block_postings), bar)

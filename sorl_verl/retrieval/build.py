@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir
+from sorl_verl.progress import progress
 from sorl_verl.retrieval import _cli
 from sorl_verl.retrieval.corpus import (
     CorpusFormatError,
@@ -64,7 +64,7 @@ def stream_corpus(path: str | Path, show_progress: bool = False) -> Iterator[Doc
     hashes = array("q")
     where = str(path)
     with open_text(path) as f:
-        for line in tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress):
+        for line in progress(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress):
             if not line.strip():
                 continue
             try:

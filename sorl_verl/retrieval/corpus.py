@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from sorl_verl.fileio import atomic_dir, atomic_file, default_cache_dir
+from sorl_verl.progress import progress
 
 try:  # installed with verl (through tensordict); json is the fallback
     import orjson
@@ -121,7 +121,7 @@ def iter_corpus(path: str | Path, show_progress: bool = False) -> Iterator[Docum
     row_index = 0
     with open_text(path) as f:
         for line_number, line in enumerate(
-            tqdm(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1
+            progress(f, desc=f"read {path.name}", unit=" docs", disable=not show_progress), 1
         ):
             if not line.strip():
                 continue
@@ -188,7 +188,7 @@ def scan_rows(path: Path, show_progress: bool = True) -> np.ndarray:
     data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
     size = len(data)
     newlines = []
-    with tqdm(
+    with progress(
         total=size, unit="B", unit_scale=True, desc=f"index rows of {path.name}", disable=not show_progress
     ) as bar:
         for start in range(0, size, _SCAN_BYTES):
@@ -382,7 +382,7 @@ def convert_wiki_summaries(summaries_json: str | Path, out_path: str | Path) -> 
             raise CorpusFormatError(f"{summaries_json}: invalid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(summaries, dict):
         raise CorpusFormatError(f"{summaries_json}: expected a JSON object {{title: summary}}")
-    return write_jsonl_atomic(tqdm(wiki_summaries_to_rows(summaries), desc="write corpus"), out_path)
+    return write_jsonl_atomic(progress(wiki_summaries_to_rows(summaries), desc="write corpus"), out_path)
 
 
 def main(argv: list[str] | None = None) -> None:

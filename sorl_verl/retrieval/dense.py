@@ -24,8 +24,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from sorl_verl.progress import progress
 from sorl_verl.retrieval.store import make_hits, read_docs
 
 BUNDLED_MINILM = "bundled-minilm"
@@ -70,7 +70,7 @@ class HashingEncoder:
     def encode(self, texts: list[str], kind: str = "passage", show_progress: bool = False) -> np.ndarray:
         """Returns ``(len(texts), dim)`` float32."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, text in enumerate(tqdm(texts, desc=f"encode {kind}s", disable=not show_progress)):
+        for row, text in enumerate(progress(texts, desc=f"encode {kind}s", disable=not show_progress)):
             words = _WORDS(text.lower())
             features = words + [a + " " + b for a, b in zip(words, words[1:], strict=False)]
             if not features:
@@ -113,7 +113,7 @@ class MeanPoolEncoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         starts = range(0, len(texts), self.batch_size)
         with torch.inference_mode():
-            for start in tqdm(starts, desc=f"encode {kind}s", disable=not show_progress):
+            for start in progress(starts, desc=f"encode {kind}s", disable=not show_progress):
                 rows = order[start : start + self.batch_size]
                 batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                                        max_length=self.max_length, return_tensors="pt").to(self.device)

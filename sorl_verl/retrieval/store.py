@@ -23,7 +23,8 @@ from array import array
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from sorl_verl.progress import progress
 
 META_NAME = "meta.json"
 DOCS_NAME = "docs.jsonl"
@@ -144,7 +145,7 @@ def read_docs(index_dir: Path, num_docs: int) -> tuple[list[str], list[str]]:
     ids: list[str] = []
     contents: list[str] = []
     with open(index_dir / DOCS_NAME, encoding="utf-8") as f:
-        for line in tqdm(f, total=num_docs, desc="load docs", unit=" docs", disable=num_docs < 200_000):
+        for line in progress(f, total=num_docs, desc="load docs", unit=" docs", disable=num_docs < 200_000):
             row = json.loads(line)
             ids.append(row["id"])
             contents.append(row["contents"])

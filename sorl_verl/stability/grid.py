@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+
 @dataclass(frozen=True)
 class Method:
     """A method of the grid: an ``ALGO`` of examples/common.sh, with extra launcher variables and

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sorl_verl.tables.runs import Run
@@ -53,10 +55,46 @@ def metric_for_panel(runs: list[Run], patterns: list[str]) -> str | None:
     return None
 
 
-def plot_runs(runs: list[Run], out: str | Path, extra_panels: list[tuple[str, list[str]]] = ()) -> list[str]:
+@dataclass(frozen=True)
+class Derived:
+    """A panel whose curve is ``fn(value)`` of its metric at every step, not the metric itself.
+
+    ``label`` replaces the metric's name under the panel's title (``{metric}`` stands for it),
+    so the title says what is drawn.
+    """
+
+    label: str
+    fn: Callable[[float], float]
+
+
+# (title, patterns) as in STABILITY_PANELS, or (title, patterns, Derived) for a computed curve
+Panel = tuple[str, list[str]] | tuple[str, list[str], Derived]
+Curve = tuple[list[int], list[float]]
+
+
+def panel_curves(runs: list[Run], extra_panels: Sequence[Panel] = ()) -> list[tuple[str, list[Curve]]]:
+    """``(title, one (steps, values) curve per run)`` of every panel to draw, in order.
+
+    First the mean validation score, then :data:`STABILITY_PANELS` and ``extra_panels`` that
+    some run logged (a panel nobody logged is left out).
+    """
+    panels = [("Validation score (mean over datasets)", [mean_validation_curve(run) for run in runs])]
+    for title, patterns, *derived in [*STABILITY_PANELS, *extra_panels]:
+        metric = metric_for_panel(runs, patterns)
+        if metric is None:
+            continue
+        curves = [run.series(metric) for run in runs]
+        if derived:
+            curves = [(xs, [derived[0].fn(y) for y in ys]) for xs, ys in curves]
+            metric = derived[0].label.format(metric=metric)
+        panels.append((f"{title}\n{metric}", curves))
+    return panels
+
+
+def plot_runs(runs: list[Run], out: str | Path, extra_panels: Sequence[Panel] = ()) -> list[str]:
     """Write the PNG (atomically) and return the titles of the panels drawn.
 
-    ``extra_panels`` (same form as :data:`STABILITY_PANELS`) are drawn after those, e.g. the
+    ``extra_panels`` (see :data:`Panel`) are drawn after :data:`STABILITY_PANELS`, e.g. the
     quick start's training reward.
     """
     import matplotlib
@@ -64,19 +102,14 @@ def plot_runs(runs: list[Run], out: str | Path, extra_panels: list[tuple[str, li
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels: list[tuple[str, str | None]] = [("Validation score (mean over datasets)", None)]
-    for title, patterns in [*STABILITY_PANELS, *extra_panels]:
-        metric = metric_for_panel(runs, patterns)
-        if metric is not None:
-            panels.append((f"{title}\n{metric}", metric))
+    panels = panel_curves(runs, extra_panels)
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (title, metric) in zip(axes.flat, panels, strict=False):
-        for i, run in enumerate(runs):
-            xs, ys = mean_validation_curve(run) if metric is None else run.series(metric)
+    for ax, (title, curves) in zip(axes.flat, panels, strict=False):
+        for i, (run, (xs, ys)) in enumerate(zip(runs, curves, strict=True)):
             if xs:
                 # Few validation points: markers make each one visible; dense training curves: lines only.
                 marker = "o" if len(xs) <= 30 else None

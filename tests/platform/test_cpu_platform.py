@@ -65,7 +65,8 @@ def test_inactive_by_default_active_when_selected():
     assert _probe(None) == "cuda False False - None"
     assert _probe(None, "cuda") == "cuda False False cuda None"
     assert _probe("cpu") == "cpu True True - cpu"
-    # trainer.device=cpu in the config: selected when verl's entry point reads it, exported to Ray workers
+    # trainer.device=cpu in the config, no accelerator here: selected when verl's entry point reads
+    # it, exported to Ray workers
     assert _probe(None, "cpu") == "cpu True True cpu cpu"
 
 
@@ -173,11 +174,53 @@ def test_platform_never_auto_detected_and_answers_cpu_questions():
 def test_version_check(monkeypatch):
     import verl
 
+    from sorl_verl._verl_version import verl_patchable
     from sorl_verl.platform import patches
 
+    assert verl_patchable("0.9.1") and verl_patchable("0.9.4")
+    assert not verl_patchable("0.9.0") and not verl_patchable("0.10.0") and not verl_patchable("0.8.5")
     monkeypatch.setattr(verl, "__version__", "0.7.0")
     with pytest.raises(RuntimeError, match="tested with verl 0.9.1"):
         patches.check_verl_version()
+
+
+@pytest.mark.parametrize(
+    ("cuda", "npu", "version", "shimmed"),
+    [
+        (False, False, "0.9.1", True),
+        (True, False, "0.9.1", False),
+        (False, True, "0.9.1", False),
+        (False, False, "0.10.0", False),
+    ],
+)
+def test_auto_set_device_shim_only_without_accelerator_on_patchable_verl(monkeypatch, cuda, npu, version, shimmed):
+    # verl's own auto_set_device keeps trainer.device=cpu only where the detected platform is cpu
+    import verl
+
+    from sorl_verl.platform import _shim_auto_set_device
+    from sorl_verl.platform.patches import SHIMS
+
+    monkeypatch.setattr(verl, "__version__", version)
+    activated = []
+    monkeypatch.setattr("sorl_verl.platform.activate", lambda: activated.append(True))
+
+    def auto_set_device(config):
+        config.trainer.device = "cuda"  # what verl does without an accelerator: its fallback platform
+
+    fake = SimpleNamespace(
+        __name__="fake_device_module", is_cuda_available=cuda, is_npu_available=npu, auto_set_device=auto_set_device
+    )
+    try:
+        _shim_auto_set_device(fake)
+        assert ("fake_device_module.auto_set_device" in SHIMS) is shimmed
+        assert (fake.auto_set_device is not auto_set_device) is shimmed
+        config = OmegaConf.create({"trainer": {"device": "cpu"}})
+        fake.auto_set_device(config)
+        assert activated == ([True] if shimmed else [])
+        fake.auto_set_device(OmegaConf.create({"trainer": {"device": "cuda"}}))
+        assert len(activated) == (1 if shimmed else 0)  # a cuda config never selects the cpu platform
+    finally:
+        SHIMS.pop("fake_device_module.auto_set_device", None)
 
 
 def test_overrides_cover_the_cpu_facts():

@@ -29,6 +29,7 @@ def _sorl_step(step, clip, turn_clip, reward):
         "timing_s/step": 3.0 + step,
         "timing_s/gen": 1.0,
         "timing_s/update_actor": 0.5 * step,
+        "num_turns/mean": 2.0 + step,  # verl's count: user turn + model turns + observations
     }
 
 
@@ -58,6 +59,19 @@ def test_summary_numbers(run_dir):
     assert summary.turn_clip_frac == pytest.approx((0.2 + 0.4 + 0.4) / 3)
     # medians over the training steps 1, 2, 3
     assert summary.step_seconds == 5.0 and summary.timing == {"step": 5.0, "gen": 1.0, "update_actor": 1.0}
+
+
+def test_turn_panel_draws_model_turns_as_the_summary_counts_them(run_dir):
+    from sorl_verl.quickstart.summary import EXTRA_PANELS
+    from sorl_verl.tables.plot import panel_curves
+
+    curves = dict(panel_curves([load_run(run_dir)], EXTRA_PANELS))
+    title = next(t for t in curves if t.startswith("Model turns per trajectory"))
+    assert title.endswith("num_turns/mean / 2")
+    [(steps, turns)] = curves[title]
+    assert steps == [1, 2, 3] and turns == [1.5, 2.0, 2.5]  # not verl's 3, 4, 5
+    summary = summarize(load_run(run_dir))
+    assert summary.turns_before == 4.0 / 2  # the same conversion for validation
 
 
 def test_progress_validation_averages_sources_and_ignores_aux():
