@@ -3,7 +3,8 @@ exact (parameter-space) mode's cost and agreement with the token-space rule.
 
     python benchmarks/bench_update.py [--repeats 9] [--threads 1]       # CPU, float32, toy model
     python benchmarks/bench_update.py --device cuda --dtype bfloat16 --attn sdpa \\
-        --model qwen2-1.5b --layers 8 --rows 16 --prompt-len 256 --response-len 4096 --turns 8
+        --model qwen2-1.5b --layers 8 --rows 16 --prompt-len 256 --response-len 4096 --turns 8 \\
+        --agreement-rows 4
 
 One actor update as verl's engine runs it: zero grads, forward + loss + backward over
 ``--micro-batches`` micro-batches, gradient clipping, AdamW step, all inside a
@@ -53,7 +54,7 @@ from sorl_verl.algos.correction import batch_correction, correction_scale, exact
 from sorl_verl.algos.losses import clip_surrogates
 
 TARGET = 1.05
-GROUP = 8  # trajectories per prompt group (GRPO-style advantages)
+GROUP = 8  # trajectories per prompt group (GRPO-style advantages); fewer rows form one group
 TOY_VOCAB = 4096
 # Shapes of the released checkpoints' config.json (depth excepted: --layers); biases on q/k/v,
 # tied embeddings, as in Qwen2.
@@ -123,7 +124,7 @@ def make_batch(model, noise: float, shape: Shape, autocast, seed: int = 0):
     turn_noise = torch.randn(rows, turns, generator=gen).repeat_interleave(span, dim=1)
     turn_noise = torch.nn.functional.pad(turn_noise, (0, response - turn_noise.shape[1]))
     old = current + noise * (turn_noise + torch.randn(rows, response, generator=gen))
-    reward = (torch.rand(rows, generator=gen) < 0.5).float().view(-1, GROUP)
+    reward = (torch.rand(rows, generator=gen) < 0.5).float().view(-1, min(rows, GROUP))
     adv = ((reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-6)).view(-1, 1)
     batch = (input_ids, old, adv.expand(rows, response).contiguous(), mask)
     return tuple(t.to(device) for t in batch)
@@ -195,20 +196,22 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=None, help="toy model's hidden size (default 256)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--attn", choices=("eager", "sdpa"), default="eager", help="transformers attention")
-    parser.add_argument("--rows", type=int, default=16, help=f"trajectories, a multiple of {GROUP}")
+    parser.add_argument("--rows", type=int, default=16, help=f"trajectories: a multiple of {GROUP}, or fewer")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--response-len", type=int, default=512)
     parser.add_argument("--turns", type=int, default=4, help="model turns per response")
     parser.add_argument("--micro-batches", type=int, default=4)
-    parser.add_argument("--agreement-rows", type=int, default=None, help="rows of the agreement table (all)")
+    parser.add_argument(
+        "--agreement-rows", type=int, default=None, help="rows of the agreement table's micro-batch (all)"
+    )
     parser.add_argument("--repeats", type=int, default=9)
     add_device_args(parser)
     args = parser.parse_args()
     if args.model != "toy" and args.hidden is not None:
         parser.error("--hidden applies to --model toy only")
     agreement_rows = args.agreement_rows or args.rows
-    if args.rows % GROUP or agreement_rows % GROUP or agreement_rows > args.rows:
-        parser.error(f"--rows and --agreement-rows must be multiples of {GROUP}, --agreement-rows <= --rows")
+    if any(n > GROUP and n % GROUP for n in (args.rows, agreement_rows)) or agreement_rows > args.rows:
+        parser.error(f"--rows and --agreement-rows: multiples of {GROUP} or fewer; --agreement-rows <= --rows")
     device, dtype = setup(args)
     shape = Shape(args.rows, args.prompt_len, args.response_len, args.turns)
 
