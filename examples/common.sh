@@ -30,11 +30,15 @@ FSDP_OFFLOAD="${FSDP_OFFLOAD:-False}"
 
 # ---- model and algorithm
 MODEL="${MODEL:-Qwen/Qwen2.5-3B}"
-# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo (see sorl_algo_overrides).
+# One of: ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo
+# (`python -m sorl_verl.recipes`: the table in sorl_verl/recipes.py says what each one sets).
 ALGO="${ALGO:-st_ppo}"
 # Clipping-bias correction mode for the SORL losses (relative|absolute|none; docs/algorithms.md).
-# Empty: each loss name's paper default (sorl_verl.algos.config.LOSS_DEFAULTS). For ablations.
+# Empty: each loss name's paper default (sorl_verl.recipes.LOSS_DEFAULTS). For ablations.
 SORL_NORMALIZATION="${SORL_NORMALIZATION:-}"
+# GSPO's clip range (ALGO=gspo). Empty: the GSPO paper's 3e-4 / 4e-4.
+GSPO_CLIP_LOW="${GSPO_CLIP_LOW:-}"
+GSPO_CLIP_HIGH="${GSPO_CLIP_HIGH:-}"
 
 # ---- optimisation (Search-R1 values unless marked)
 ACTOR_LR="${ACTOR_LR:-1e-6}"
@@ -87,76 +91,18 @@ sorl_die() {
   exit 1
 }
 
-# Fills ALGO_OVERRIDES for $1. Loss names are registered by sorl_verl on `import verl`; "vanilla" is verl's PPO loss.
+# Fills ALGO_OVERRIDES for ALGO=$1 from the table of the algorithms, sorl_verl/recipes.py (loss, advantage
+# estimator, critic or group sampling, each algorithm's own overrides), with this shell's values of the
+# variables the overrides hold. The repository goes first on the module path: the table of this
+# checkout, whatever PYTHON has installed (the module needs the standard library only).
 sorl_algo_overrides() {
-  local algo="$1" loss adv critic=0 group=0
-  case "$algo" in
-    ppo) loss=vanilla adv=gae critic=1 ;;
-    grpo) loss=vanilla adv=grpo group=1 ;;
-    turn_ppo) loss=turn_ppo adv=gae critic=1 ;;
-    s_ppo) loss=s_ppo adv=gae critic=1 ;;
-    st_ppo) loss=st_ppo adv=gae critic=1 ;;
-    # The paper's later name for st_ppo (same defaults); kept so tables can say SO-PPO.
-    so_ppo) loss=so_ppo adv=gae critic=1 ;;
-    # Turn-level critic: one value per turn (sorl_verl.algos.advantages.turn_gae). verl turns the
-    # critic on by itself only for gae, and hands values only to gae: hence critic.enable and
-    # the sorl_sync trainer, which passes the critic's values to turn_gae.
-    st_ppo_turn_gae) loss=st_ppo adv=turn_gae critic=1 ;;
-    so_grpo) loss=so_ppo adv=grpo group=1 ;;
-    # verl's built-in GSPO (sequence-level ratio, arXiv 2507.18071) with GRPO advantages: the
-    # sequence-level baseline of the stability benchmark (sorl_verl.stability).
-    gspo) loss=gspo adv=grpo group=1 ;;
-    # verl's built-in CISPO (clipped, stop-gradient importance weights on every token, arXiv 2506.13585)
-    # with GRPO advantages, at verl's clip settings: a baseline users compare against.
-    cispo) loss=cispo adv=grpo group=1 ;;
-    *) sorl_die "unknown ALGO=$algo (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo)" ;;
-  esac
-  ALGO_OVERRIDES=(
-    "algorithm.adv_estimator=$adv"
-    "actor_rollout_ref.actor.policy_loss.loss_mode=$loss"
-  )
-  if [[ "$loss" == gspo ]]; then
-    # GSPO paper's settings: its sequence ratio is a per-token geometric mean, so its clip range is
-    # ~1000x narrower than PPO's (3e-4 / 4e-4), and the loss is a mean over sequences.
-    ALGO_OVERRIDES+=(
-      "actor_rollout_ref.actor.clip_ratio_low=${GSPO_CLIP_LOW:-3e-4}"
-      "actor_rollout_ref.actor.clip_ratio_high=${GSPO_CLIP_HIGH:-4e-4}"
-      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"
-    )
-  fi
-  if [[ -n "$SORL_NORMALIZATION" ]]; then
-    [[ "$loss" == vanilla || "$loss" == gspo || "$loss" == cispo ]] && sorl_die "SORL_NORMALIZATION applies to the SORL losses, not ALGO=$algo"
-    ALGO_OVERRIDES+=(
-      "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig"
-      "+actor_rollout_ref.actor.policy_loss.normalization=$SORL_NORMALIZATION"
-    )
-  fi
-  if [[ "$adv" == turn_gae ]]; then
-    ALGO_OVERRIDES+=("critic.enable=True" "trainer.v1.trainer_mode=sorl_sync")
-  fi
-  if ((critic)); then
-    ALGO_OVERRIDES+=(
-      "critic.model.path=$MODEL"
-      "critic.optim.lr=$CRITIC_LR"
-      "critic.optim.lr_warmup_steps_ratio=$CRITIC_WARMUP_RATIO"
-      "critic.ppo_micro_batch_size_per_gpu=$MICRO_BATCH_PER_GPU"
-      "critic.fsdp.param_offload=$FSDP_OFFLOAD"
-      "critic.fsdp.optimizer_offload=$FSDP_OFFLOAD"
-      # Search-R1's PPO: KL penalty inside the reward, rollout n=1.
-      "algorithm.use_kl_in_reward=True"
-      "algorithm.kl_ctrl.kl_coef=$KL_COEF"
-      "actor_rollout_ref.rollout.n=1"
-    )
-  fi
-  if ((group)); then
-    ALGO_OVERRIDES+=(
-      # Search-R1's GRPO: KL as a loss term (low-variance estimator), GROUP_SIZE samples per prompt.
-      "actor_rollout_ref.actor.use_kl_loss=True"
-      "actor_rollout_ref.actor.kl_loss_coef=$KL_COEF"
-      "actor_rollout_ref.actor.kl_loss_type=low_var_kl"
-      "actor_rollout_ref.rollout.n=$GROUP_SIZE"
-    )
-  fi
+  local out
+  out="$(PYTHONPATH="$SORL_REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m sorl_verl.recipes overrides "$1" \
+    --set "MODEL=$MODEL" --set "CRITIC_LR=$CRITIC_LR" --set "CRITIC_WARMUP_RATIO=$CRITIC_WARMUP_RATIO" \
+    --set "MICRO_BATCH_PER_GPU=$MICRO_BATCH_PER_GPU" --set "FSDP_OFFLOAD=$FSDP_OFFLOAD" --set "KL_COEF=$KL_COEF" \
+    --set "GROUP_SIZE=$GROUP_SIZE" --set "SORL_NORMALIZATION=$SORL_NORMALIZATION" \
+    --set "GSPO_CLIP_LOW=$GSPO_CLIP_LOW" --set "GSPO_CLIP_HIGH=$GSPO_CLIP_HIGH")" || exit "$?"
+  mapfile -t ALGO_OVERRIDES <<<"$out"
 }
 
 # Writes the search_r1 agent-loop config for this run (verl's agent_loop_config_path format:

@@ -3,7 +3,8 @@
 #
 #   [TASK=search|multihop|medical] bash examples/quickstart/run_demo.sh [ALGO] [--out RUN_DIR] [hydra overrides...]
 #
-# ALGO: so_grpo (default) ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae (examples/common.sh).
+# ALGO: so_grpo (default) or any ALGO of the recipes (sorl_verl/recipes.py: ppo grpo turn_ppo s_ppo st_ppo
+# so_ppo st_ppo_turn_gae gspo cispo).
 # TASK: a task of sorl_verl/quickstart/tasks played through the search_r1 loop (default search; math has
 # its own launcher, run_math_demo.sh); the task sets the defaults of the loop's variables below.
 # 1. embedded task: made-up facts added to the shipped Wikipedia corpus, BM25 index, parquet rows
@@ -46,13 +47,16 @@ TEST_FREQ="${TEST_FREQ:-5}"
 NNODES=1
 N_GPUS_PER_NODE=1
 MODEL="$RUN_DIR/model"
-# 64 trajectories per step in every variant: 8 prompts x GROUP_SIZE samples for the GRPO
-# family, 64 prompts x 1 sample for the critic family (common.sh sets rollout.n=1 there);
-# two mini-batches per step: the second one is off-policy, so clipping (what SORL acts on) can happen
-case "$ALGO" in
-  grpo | so_grpo) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-8}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-4}" ;;
-  *) TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-32}" ;;
-esac
+# 64 trajectories per step in every variant: 8 prompts x GROUP_SIZE samples for the critic-free
+# (GRPO) family, 64 prompts x 1 sample for the critic family (common.sh sets rollout.n=1 there);
+# two mini-batches per step: the second one is off-policy, so clipping (what SORL acts on) can happen.
+# The family is the ALGO's in the recipes' table (sorl_verl/recipes.py); an unknown ALGO exits 2 naming them.
+ALGO_FAMILY="$("$PYTHON" -m sorl_verl.recipes family "$ALGO")" || exit 2
+if [[ "$ALGO_FAMILY" == group ]]; then
+  TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-8}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-4}"
+else
+  TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}" PPO_MINI_BATCH_SIZE="${PPO_MINI_BATCH_SIZE:-32}"
+fi
 # One micro-batch per mini-batch and one log-prob pass per step: on CPU each extra micro-batch
 # is mostly fixed overhead (the model is 0.54M parameters; the batch fits many times over).
 MICRO_BATCH_PER_GPU="${MICRO_BATCH_PER_GPU:-32}"

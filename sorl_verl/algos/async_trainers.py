@@ -43,6 +43,8 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
+from sorl_verl.recipes import METRIC_PREFIX
+
 from .trainer import SorlTrainerMixin
 
 __all__ = [
@@ -54,7 +56,6 @@ __all__ = [
 ]
 
 TURN_VERSIONS_KEY = "turn_global_steps"
-_PREFIX = "actor/sorl/"
 
 
 def _version_pairs(turns, trajectory_min, trajectory_max) -> list[tuple[int, int]]:
@@ -101,9 +102,9 @@ def turn_staleness_metrics(
         return {}
     staleness = (global_steps - 1) - np.asarray(oldest_per_turn, dtype=np.int64)
     return {
-        f"{_PREFIX}turn_staleness_mean": float(staleness.mean()),
-        f"{_PREFIX}turn_staleness_max": float(staleness.max()),
-        f"{_PREFIX}mixed_version_share": float(np.mean(mixed)),
+        f"{METRIC_PREFIX}turn_staleness_mean": float(staleness.mean()),
+        f"{METRIC_PREFIX}turn_staleness_max": float(staleness.max()),
+        f"{METRIC_PREFIX}mixed_version_share": float(np.mean(mixed)),
     }
 
 

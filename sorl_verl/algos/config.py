@@ -10,7 +10,7 @@ Select it in a verl run with::
 verl builds ``ActorConfig.policy_loss`` with ``hydra.utils.instantiate``, so the ``_target_``
 above makes it an instance of this class and the loss reads it as ``config.policy_loss``.
 Without the ``_target_`` (verl's plain ``PolicyLossConfig``) every loss name runs with its
-paper defaults (:data:`LOSS_DEFAULTS`).
+paper defaults (:data:`LOSS_DEFAULTS`, kept with the recipes in :mod:`sorl_verl.recipes`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.workers.config import PolicyLossConfig
+
+from sorl_verl.recipes import LOSS_DEFAULTS
 
 from .correction import DEFAULT_KAPPA, DEFAULT_TAU, NORM_SCOPES, NORMALIZATION_MODES
 
@@ -35,14 +37,6 @@ __all__ = [
 ]
 
 RATIO_LEVELS = ("token", "turn", "sequence")
-
-# The paper's variants: which importance ratio and whether the clipping-bias correction is on.
-LOSS_DEFAULTS: dict[str, dict[str, str]] = {
-    "turn_ppo": {"ratio_level": "turn", "normalization": "none"},
-    "s_ppo": {"ratio_level": "token", "normalization": "relative"},
-    "st_ppo": {"ratio_level": "turn", "normalization": "relative"},
-    "so_ppo": {"ratio_level": "turn", "normalization": "relative"},
-}
 
 _FIELD = "actor_rollout_ref.actor.policy_loss"
 # Options that existed before and why they are gone (a clear error instead of a silent default).

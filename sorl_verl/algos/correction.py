@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import torch
 
 from sorl_verl._verl_version import PATCHABLE_VERL, installed_verl, verl_patchable
+from sorl_verl.recipes import METRIC_PREFIX
 
 __all__ = [
     "DEFAULT_KAPPA",
@@ -88,7 +89,6 @@ NORM_SCOPES = ("batch", "sequence")
 DEFAULT_TAU = 0.1
 DEFAULT_KAPPA = 0.1
 ENGINE_MODULE = "verl.workers.engine.base"
-_PREFIX = "actor/sorl/"
 # Added to verl's metrics once per optimizer step (mini-batch); see BatchCorrection.metrics.
 METRIC_NAMES = ("c_tok", "g_tok", "norm_scale", "norm_scale_min", "scaled_step_frac", "scaled_row_frac")
 
@@ -277,7 +277,7 @@ class BatchCorrection:
             if name == "norm_scale" and self.scope != "batch":
                 continue
             aggregation = AggregationType.MIN if name.endswith("_min") else AggregationType.MEAN
-            out[_PREFIX + name] = Metric(aggregation=aggregation, value=float(value))
+            out[METRIC_PREFIX + name] = Metric(aggregation=aggregation, value=float(value))
         return out
 
     def __enter__(self) -> BatchCorrection:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
+from sorl_verl.recipes import METRIC_PREFIX
+
 from .config import SorlLossOptions, config_get, resolve_options
 from .correction import CorrectionSums, active_correction, correction_scale, hook_installed
 from .turns import TurnSegments, segment_turns
@@ -48,7 +50,6 @@ __all__ = [
 ]
 
 LOG_RATIO_CLAMP = 20.0
-METRIC_PREFIX = "actor/sorl/"
 NUM_TURN_INDEX_METRICS = 8
 # The keys of verl's ``global_batch_info`` that ``agg_loss`` divides by.
 _AGG_COUNT_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")

@@ -16,19 +16,20 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sorl_verl.recipes import METRIC_PREFIX
 from sorl_verl.tables.plot import mean_validation_curve
 from sorl_verl.tables.runs import Run, validation_scores
 
 TRAIN_REWARD = "critic/score/mean"
 TOKEN_CLIP = "actor/pg_clipfrac"
-TURN_CLIP = "actor/sorl/clipfrac_turn"
+TURN_CLIP = METRIC_PREFIX + "clipfrac_turn"
 # verl's turn count (the user turn, every model turn, every observation): training batch, validation
 TRAIN_TURNS = "num_turns/mean"
 VAL_TURNS = "val-aux/num_turns/mean"
 # the asynchronous trainers' staleness metrics (sorl_verl.algos.async_trainers)
-STALENESS_MEAN = "actor/sorl/turn_staleness_mean"
-STALENESS_MAX = "actor/sorl/turn_staleness_max"
-MIXED_SHARE = "actor/sorl/mixed_version_share"
+STALENESS_MEAN = METRIC_PREFIX + "turn_staleness_mean"
+STALENESS_MAX = METRIC_PREFIX + "turn_staleness_max"
+MIXED_SHARE = METRIC_PREFIX + "mixed_version_share"
 # verl's marked_timer names (ray_trainer.fit): the phases of one training step
 TIMING_PREFIX = "timing_s/"
 

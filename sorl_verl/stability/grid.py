@@ -23,19 +23,25 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from sorl_verl.recipes import ALGOS, SORL_CONFIG_OVERRIDE
+
 
 @dataclass(frozen=True)
 class Method:
-    """A method of the grid: an ``ALGO`` of examples/common.sh, with extra launcher variables and
-    Hydra overrides for a variant of it (e.g. another reading of the clipping-bias correction)."""
+    """A method of the grid: an ``ALGO`` of the recipes (:data:`sorl_verl.recipes.ALGOS`), with extra
+    launcher variables and Hydra overrides for a variant of it (e.g. another reading of the
+    clipping-bias correction)."""
 
     name: str
     algo: str
     env: tuple[tuple[str, str], ...] = ()
     overrides: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if self.algo not in ALGOS:
+            raise ValueError(f"method {self.name}: unknown ALGO {self.algo!r} ({' '.join(ALGOS)})")
 
-_SORL_CONFIG = "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig"
+
 # In the order tables and figures show them. The ``s_ppo+...`` variants are the other readings of
 # the clipping-bias correction (sorl_verl.algos.correction; s_ppo itself is the default, relative
 # with one scale per mini-batch): ``absolute`` thresholds the norm of what clipping removed in
@@ -51,15 +57,19 @@ METHOD_SPECS: dict[str, Method] = {
         Method("turn_ppo", "turn_ppo"),
         Method("s_ppo", "s_ppo"),
         Method("s_ppo+absolute", "s_ppo", env=(("SORL_NORMALIZATION", "absolute"),)),
-        Method("s_ppo+sequence", "s_ppo", overrides=(_SORL_CONFIG, "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence")),
+        Method(
+            "s_ppo+sequence",
+            "s_ppo",
+            overrides=(SORL_CONFIG_OVERRIDE, "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence"),
+        ),
         Method("st_ppo", "st_ppo"),
     )
 }
 METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
 # the sweep's default methods: the paper's and the baselines (the correction's variants are asked for by name)
 DEFAULT_METHODS: tuple[str, ...] = ("grpo", "so_grpo", "gspo", "cispo", "ppo", "turn_ppo", "s_ppo", "st_ppo")
-# Critic-free methods: GROUP_SIZE samples per prompt (common.sh sets rollout.n for them).
-GROUP_ALGOS = frozenset({"grpo", "so_grpo", "gspo", "cispo"})
+# Critic-free methods: GROUP_SIZE samples per prompt (the recipes set rollout.n for them).
+GROUP_ALGOS = frozenset(a.name for a in ALGOS.values() if a.group)
 GROUP_METHODS = frozenset(m.name for m in METHOD_SPECS.values() if m.algo in GROUP_ALGOS)
 DEFAULT_SEEDS: tuple[int, ...] = (1, 2, 3)
 DEFAULT_TASK = "search"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
+from sorl_verl.recipes import RECIPE_VARIABLES
 from sorl_verl.stability.grid import DEFAULT_TASK, Budget, RunSpec, prepare_args, warm_seed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,17 +163,15 @@ def _stop(proc: subprocess.Popen) -> None:
 # Variables the launcher reads that the sweep never inherits from the caller's shell: an
 # exported ACTOR_LR or STEPS would otherwise change some runs' budget unseen. Give them with --env.
 _KEEP = {"PYTHON", "RAY_AUTH_MODE"}
-_KNOB = re.compile(r"\$\{([A-Z_][A-Z0-9_]*):-")
 
 
 def launcher_knobs() -> set[str]:
-    """Names of the variables run_demo.sh and common.sh read with a default (``${NAME:-...}``), and the
+    """Names of the variables run_demo.sh and common.sh read with a default (``${NAME:-...}``: the lists
+    ``LAUNCHER_VARIABLES`` and ``RECIPE_VARIABLES``, which tests check against the scripts), and the
     variables a task gives defaults to."""
-    from sorl_verl.quickstart.tasks import get_task, task_names
+    from sorl_verl.quickstart.tasks import LAUNCHER_VARIABLES, get_task, task_names
 
-    names: set[str] = set()
-    for script in (LAUNCHER, LAUNCHER.parents[1] / "common.sh"):
-        names.update(_KNOB.findall(script.read_text(encoding="utf-8")))
+    names = set(RECIPE_VARIABLES | LAUNCHER_VARIABLES)
     for task in task_names():  # run_demo.sh takes these defaults from the task (quickstart defaults TASK)
         names.update(get_task(task).defaults)
     return names - _KEEP

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sorl_verl.recipes import METRIC_PREFIX
 from sorl_verl.tables.runs import Run
 
 # (panel title, metric-name patterns in order of preference). verl's own names are
@@ -23,14 +24,14 @@ from sorl_verl.tables.runs import Run
 STABILITY_PANELS: list[tuple[str, list[str]]] = [
     # c_tok: per-token RMS of the clipped tokens' ratio x advantage (sorl_verl.algos.correction);
     # c_norm: its name before the batch-level correction (older runs)
-    ("Clipping-bias norm C", [r"actor/sorl/c_tok", r"actor/sorl/c_norm"]),
-    ("Normalization scale s", [r"actor/sorl/norm_scale"]),
+    ("Clipping-bias norm C", [METRIC_PREFIX + "c_tok", METRIC_PREFIX + "c_norm"]),
+    ("Normalization scale s", [METRIC_PREFIX + "norm_scale"]),
     ("Token clip fraction", [r"actor/pg_clipfrac"]),
-    ("Turn clip fraction", [r"actor/sorl/clipfrac_turn"]),
+    ("Turn clip fraction", [METRIC_PREFIX + "clipfrac_turn"]),
     ("Actor gradient norm", [r"actor/grad_norm"]),
     ("Approx. KL to rollout policy", [r"actor/ppo_kl"]),
     # logged by the asynchronous trainers only (sorl_verl.algos.async_trainers): stale-rollout pressure
-    ("Turn staleness (mean)", [r"actor/sorl/turn_staleness_mean"]),
+    ("Turn staleness (mean)", [METRIC_PREFIX + "turn_staleness_mean"]),
 ]
 
 

@@ -28,31 +28,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from sorl_verl.recipes import display_name
+
 CONFIG_NAMES = ("config.yaml", "resolved_config.yaml", ".hydra/config.yaml")
 
 _VAL_CORE = re.compile(r"^val-core/(?P<source>.+)/(?P<var>[^/]+)/mean@(?P<n>\d+)$")
 
-# Policy-loss names registered by sorl_verl.algos and verl's own PPO loss, as the paper names them.
-LOSS_NAMES = {
-    "vanilla": "PPO",
-    "turn_ppo": "Turn-PPO",
-    "s_ppo": "S-PPO",
-    "st_ppo": "ST-PPO",
-    "so_ppo": "SO-PPO",
-}
-# With a group-relative advantage (no critic) the paper calls so_ppo "SO-GRPO"; the other
-# critic-free names are ours, built the same way.
-GRPO_NAMES = {
-    "vanilla": "GRPO",
-    "turn_ppo": "Turn-GRPO",
-    "s_ppo": "S-GRPO",
-    "st_ppo": "SO-GRPO",
-    "so_ppo": "SO-GRPO",
-    # verl's GSPO (arXiv 2507.18071): a sequence-level ratio with group-relative advantages.
-    "gspo": "GSPO",
-    # verl's CISPO (arXiv 2506.13585): clipped, stop-gradient importance weights per token.
-    "cispo": "CISPO",
-}
+# With a group-relative advantage (no critic) the paper calls so_ppo "SO-GRPO" (the ALGO so_grpo);
+# the critic-free names of the other SORL losses, which no ALGO of the recipes runs, are ours, built
+# the same way (st_ppo is so_ppo's earlier name).
+_OTHER_GROUP_NAMES = {"turn_ppo": "Turn-GRPO", "s_ppo": "S-GRPO", "st_ppo": "SO-GRPO"}
 
 
 class RunError(ValueError):
@@ -62,13 +47,17 @@ class RunError(ValueError):
 def method_name(loss_mode: str, adv_estimator: str) -> str:
     """Paper name of a (policy loss, advantage estimator) pair.
 
-    ``gae`` is the paper's PPO family with a token-level critic; ``grpo`` its critic-free
+    A pair some ``ALGO`` of the recipes runs has that ALGO's name (:data:`sorl_verl.recipes.ALGOS`).
+    Otherwise ``gae`` is the paper's PPO family with a token-level critic; ``grpo`` its critic-free
     family; ``turn_gae`` (our turn-level advantage estimator) is marked with a suffix. Any
     other pair is shown as ``<loss name> (<estimator>)`` rather than guessed.
     """
+    name = display_name(loss_mode, adv_estimator)  # the name of the recipes' ALGO that runs the pair
+    if name is not None:
+        return name
     if adv_estimator == "grpo":
-        return GRPO_NAMES.get(loss_mode, f"{loss_mode} (grpo)")
-    base = LOSS_NAMES.get(loss_mode, loss_mode)
+        return _OTHER_GROUP_NAMES.get(loss_mode, f"{loss_mode} (grpo)")
+    base = display_name(loss_mode, "gae") or loss_mode
     if adv_estimator == "gae":
         return base
     if adv_estimator == "turn_gae":
@@ -141,7 +130,9 @@ def read_metrics(paths: Iterable[Path]) -> dict[int, dict[str, float]]:
                 except json.JSONDecodeError as e:
                     raise RunError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
                 if not isinstance(record, dict):
-                    raise RunError(f"{where}: expected a JSON object with 'step' and 'data', got {type(record).__name__}")
+                    raise RunError(
+                        f"{where}: expected a JSON object with 'step' and 'data', got {type(record).__name__}"
+                    )
                 step, data = record.get("step"), record.get("data")
                 if isinstance(step, bool) or not isinstance(step, int):
                     raise RunError(f"{where}: field 'step' must be an integer, got {step!r}")

@@ -29,6 +29,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_TASK = "search"
+# The variables examples/quickstart/run_demo.sh reads with a default (``${NAME:-...}``) besides the
+# recipes' (sorl_verl.recipes.RECIPE_VARIABLES, of the common.sh it sources); run_demo.sh documents
+# each, and a test checks this list against the script.
+LAUNCHER_VARIABLES: frozenset[str] = frozenset(
+    {
+        "TASK",
+        "STEPS",
+        "SEED",
+        "PREPARE_SEED",
+        "PREPARE_THREADS",
+        "PREPARE_ARGS",
+        "OLD_LOG_PROBS",
+        # the demo's scale, defaults of its own for variables of common.sh
+        "TOTAL_EPOCHS",
+        "SAVE_FREQ",
+        "TEST_FREQ",
+        "TRAIN_BATCH_SIZE",
+        "PPO_MINI_BATCH_SIZE",
+        "MICRO_BATCH_PER_GPU",
+        "LOG_PROB_MICRO_BATCH_PER_GPU",
+        "GROUP_SIZE",
+        "ACTOR_LR",
+        "CRITIC_LR",
+        "ACTOR_WARMUP_RATIO",
+        "CRITIC_WARMUP_RATIO",
+        "PROJECT",
+    }
+)
 
 
 @dataclass(frozen=True)
