@@ -11,6 +11,7 @@ here, not an hour into a cluster job. The commands the recipes run besides the t
 import ast
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from functools import cache
@@ -19,22 +20,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
+from sorl_verl.quickstart.tasks import LAUNCHER_VARIABLES
+from sorl_verl.recipes import ALGOS, RECIPE_VARIABLES, algo_overrides
+from sorl_verl.recipes import main as recipes_main
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 RECIPE_DIRS = ["search_r1", "medical", "math"]
 SCRIPTS = [EXAMPLES / "common.sh"] + sorted(p for d in RECIPE_DIRS for p in (EXAMPLES / d).glob("*.sh"))
 TRAIN_RECIPES = [EXAMPLES / d / "train.sh" for d in RECIPE_DIRS]
-ALGOS = {  # ALGO -> (loss_mode, adv_estimator, critic used)
-    "ppo": ("vanilla", "gae", True),
-    "grpo": ("vanilla", "grpo", False),
-    "turn_ppo": ("turn_ppo", "gae", True),
-    "s_ppo": ("s_ppo", "gae", True),
-    "st_ppo": ("st_ppo", "gae", True),
-    "so_ppo": ("so_ppo", "gae", True),
-    "st_ppo_turn_gae": ("st_ppo", "turn_gae", True),
-    "so_grpo": ("so_ppo", "grpo", False),
-    "gspo": ("gspo", "grpo", False),  # verl's own loss: the stability benchmark's sequence-level baseline
-}
 VERL_CONFIG_DIR = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "trainer" / "config"
 
 
@@ -89,8 +83,11 @@ def test_compose_rejects_a_typo():
 
 @pytest.mark.parametrize("recipe", TRAIN_RECIPES, ids=lambda p: p.parent.name)
 def test_every_override_exists_in_verl_config(recipe, tmp_path):
-    for algo, (loss_mode, adv, critic) in ALGOS.items():
-        exported, commands = dry_run(recipe, tmp_path, "trainer.total_training_steps=7", ALGO=algo, RUN_NAME=f"r-{algo}")
+    for algo, spec in ALGOS.items():
+        loss_mode, adv, critic = spec.loss_mode, spec.adv_estimator, spec.critic
+        exported, commands = dry_run(
+            recipe, tmp_path, "trainer.total_training_steps=7", ALGO=algo, RUN_NAME=f"r-{algo}"
+        )
         overrides = trainer_overrides(commands)
         cfg = compose(overrides)  # raises on any unknown key
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode, algo
@@ -140,8 +137,11 @@ def test_math_recipe_is_asynchronous_unless_async_0(tmp_path):
     cfg = compose(trainer_overrides(commands))
     assert cfg.trainer.v1.trainer_mode == "sync" and cfg.algorithm.rollout_correction.bypass_mode is False
     done = subprocess.run(
-        ["bash", str(EXAMPLES / "math" / "train.sh")], env={**os.environ, "SORL_DRY_RUN": "1", "ASYNC": "2"},
-        capture_output=True, text=True, cwd=tmp_path,
+        ["bash", str(EXAMPLES / "math" / "train.sh")],
+        env={**os.environ, "SORL_DRY_RUN": "1", "ASYNC": "2"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert done.returncode != 0 and "ASYNC=2" in done.stderr
 
@@ -195,7 +195,9 @@ def cli_of(cmd: list[str]) -> tuple[tuple[str, ...], list[str]]:
 
 
 @pytest.mark.parametrize(
-    "script", [p for p in SCRIPTS if p.name != "common.sh" and p.name != "train.sh"], ids=lambda p: str(p.relative_to(EXAMPLES))
+    "script",
+    [p for p in SCRIPTS if p.name != "common.sh" and p.name != "train.sh"],
+    ids=lambda p: str(p.relative_to(EXAMPLES)),
 )
 def test_helper_commands_match_their_help(script, tmp_path):
     """Data preparation, index build, retriever and table commands: modules exist, flags are real."""
@@ -236,7 +238,7 @@ def test_verl_accepts_the_values(recipe, tmp_path, tiny_model):
     from verl.utils.config import validate_config
 
     for algo in VALIDATED_ALGOS:
-        critic = ALGOS[algo][2]
+        critic = ALGOS[algo].critic
         _, commands = dry_run(recipe, tmp_path, ALGO=algo, MODEL=str(tiny_model), HF_HUB_OFFLINE="1")
         cfg = compose(trainer_overrides(commands))
         with open_dict(cfg):
@@ -244,3 +246,177 @@ def test_verl_accepts_the_values(recipe, tmp_path, tiny_model):
         assert need_critic(cfg) == critic, algo
         assert need_reference_policy(cfg), algo  # KL to the reference in every recipe (Search-R1)
         validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+# The overrides examples/common.sh's bash case statement printed for every ALGO with RECORDED_ENV,
+# recorded from that function when the table in sorl_verl/recipes.py replaced it: the table must
+# reproduce them line for line, in order.
+RECORDED_ENV = {
+    "MODEL": "m/M",
+    "CRITIC_LR": "1e-5",
+    "CRITIC_WARMUP_RATIO": "0.015",
+    "MICRO_BATCH_PER_GPU": "8",
+    "FSDP_OFFLOAD": "False",
+    "KL_COEF": "0.001",
+    "GROUP_SIZE": "5",
+}
+_RECORDED_CRITIC = [
+    "critic.model.path=m/M",
+    "critic.optim.lr=1e-5",
+    "critic.optim.lr_warmup_steps_ratio=0.015",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+    "critic.fsdp.param_offload=False",
+    "critic.fsdp.optimizer_offload=False",
+    "algorithm.use_kl_in_reward=True",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "actor_rollout_ref.rollout.n=1",
+]
+_RECORDED_GROUP = [
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.rollout.n=5",
+]
+_RECORDED_ABSOLUTE = [  # with SORL_NORMALIZATION=absolute, right after the loss
+    "actor_rollout_ref.actor.policy_loss._target_=sorl_verl.algos.config.SorlPolicyLossConfig",
+    "+actor_rollout_ref.actor.policy_loss.normalization=absolute",
+]
+RECORDED = {  # ALGO -> estimator, loss, the ALGO's own overrides, its family's
+    "ppo": ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", *_RECORDED_CRITIC],
+    "grpo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", *_RECORDED_GROUP],
+    "turn_ppo": [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=turn_ppo",
+        *_RECORDED_CRITIC,
+    ],
+    "s_ppo": ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.policy_loss.loss_mode=s_ppo", *_RECORDED_CRITIC],
+    "st_ppo": [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=st_ppo",
+        *_RECORDED_CRITIC,
+    ],
+    "so_ppo": [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo",
+        *_RECORDED_CRITIC,
+    ],
+    "st_ppo_turn_gae": [
+        "algorithm.adv_estimator=turn_gae",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=st_ppo",
+        "critic.enable=True",
+        "trainer.v1.trainer_mode=sorl_sync",
+        *_RECORDED_CRITIC,
+    ],
+    "so_grpo": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo",
+        *_RECORDED_GROUP,
+    ],
+    "gspo": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "actor_rollout_ref.actor.clip_ratio_low=3e-4",
+        "actor_rollout_ref.actor.clip_ratio_high=4e-4",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        *_RECORDED_GROUP,
+    ],
+    "cispo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", *_RECORDED_GROUP],
+}
+# SORL_NORMALIZATION is refused for the ALGOs whose loss is not a SORL loss
+RECORDED_NORMALIZATION_REFUSED = {"ppo", "grpo", "gspo", "cispo"}
+
+
+def shell_algo_overrides(algos, **env: str) -> tuple[dict[str, list[str] | None], str]:
+    """({ALGO: what common.sh's sorl_algo_overrides put in ALGO_OVERRIDES, None when it exited}, stderr).
+
+    The environment holds nothing but RECORDED_ENV, ``env`` and PATH/HOME: no PYTHONPATH, so common.sh
+    itself must find the checkout's table.
+    """
+    script = (
+        f'source "{EXAMPLES / "common.sh"}"\n'
+        'for a in "$@"; do (sorl_algo_overrides "$a" && printf "%s\\n" "== $a" "${ALGO_OVERRIDES[@]}") '
+        '|| echo "== $a exit $?"; done\n'
+    )
+    full_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", "-c", script, "bash", *algos], capture_output=True, text=True, env={**full_env, **RECORDED_ENV, **env}
+    )
+    assert done.returncode == 0, done.stderr
+    out: dict[str, list[str] | None] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("== "):
+            name, _, status = line[3:].partition(" ")
+            out[name] = None if status else []
+            if status:
+                assert status == "exit 2", line
+        else:
+            out[name].append(line)
+    return out, done.stderr
+
+
+def test_the_table_prints_what_the_shell_case_statement_did():
+    assert set(RECORDED) == set(ALGOS)
+    got, _ = shell_algo_overrides(list(ALGOS))
+    for algo, expected in RECORDED.items():
+        assert got[algo] == expected, algo
+        assert algo_overrides(algo, RECORDED_ENV) == expected, algo
+
+    got, stderr = shell_algo_overrides(list(ALGOS), SORL_NORMALIZATION="absolute")
+    for algo, expected in RECORDED.items():
+        if algo in RECORDED_NORMALIZATION_REFUSED:
+            assert got[algo] is None, algo
+            assert f"SORL_NORMALIZATION applies to the SORL losses, not ALGO={algo}" in stderr
+        else:
+            assert got[algo] == expected[:2] + _RECORDED_ABSOLUTE + expected[2:], algo
+
+    got, _ = shell_algo_overrides(["gspo"], GSPO_CLIP_LOW="1e-3", GSPO_CLIP_HIGH="2e-3")
+    assert got["gspo"][2:4] == [
+        "actor_rollout_ref.actor.clip_ratio_low=1e-3",
+        "actor_rollout_ref.actor.clip_ratio_high=2e-3",
+    ]
+
+
+def test_an_unknown_algo_exits_2_naming_the_choices(capsys):
+    got, stderr = shell_algo_overrides(["ppo2"])
+    assert got == {"ppo2": None}
+    assert "unknown ALGO=ppo2 (ppo grpo turn_ppo s_ppo st_ppo so_ppo st_ppo_turn_gae so_grpo gspo cispo)" in stderr
+    assert recipes_main(["family", "ppo2"]) == 2
+    assert "unknown ALGO=ppo2" in capsys.readouterr().err
+
+
+def test_recipes_command_line(capsys, monkeypatch):
+    for name in RECORDED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert recipes_main(["family", "gspo"]) == 0 and capsys.readouterr().out == "group\n"
+    assert recipes_main(["family", "st_ppo_turn_gae"]) == 0 and capsys.readouterr().out == "critic\n"
+    # a variable the ALGO's overrides need and nobody gave
+    assert recipes_main(["overrides", "grpo", "--set", "KL_COEF=0.01"]) == 2
+    assert "GROUP_SIZE is not set" in capsys.readouterr().err
+    # --set wins over the environment
+    monkeypatch.setenv("GROUP_SIZE", "3")
+    assert recipes_main(["overrides", "grpo", "--set", "KL_COEF=0.01", "--set", "GROUP_SIZE=4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "actor_rollout_ref.rollout.n=4" and lines[-3] == "actor_rollout_ref.actor.kl_loss_coef=0.01"
+    assert recipes_main(["overrides", "grpo", "--set", "KL_COEF"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def test_run_demo_takes_the_batch_of_the_algos_family():
+    # 64 trajectories per step for every ALGO: the critic-free ones sample GROUP_SIZE (8) per prompt
+    script = (EXAMPLES / "quickstart" / "run_demo.sh").read_text()
+    assert "sorl_verl.recipes family" in script
+    assert {a.name for a in ALGOS.values() if a.group} == {"grpo", "so_grpo", "gspo", "cispo"}
+
+
+def _defaulted(script: Path) -> set[str]:
+    """The variables ``script`` reads with a default, ``${NAME:-...}``."""
+    return set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*):-", script.read_text(encoding="utf-8")))
+
+
+def test_the_launcher_variable_lists_match_the_scripts():
+    """The sweep drops an inherited launcher variable by these lists (sorl_verl.stability.sweep.launcher_knobs):
+    a variable the scripts read and the lists miss would change a run unseen."""
+    assert _defaulted(EXAMPLES / "common.sh") == RECIPE_VARIABLES
+    demo = _defaulted(EXAMPLES / "quickstart" / "run_demo.sh")
+    assert demo <= LAUNCHER_VARIABLES | RECIPE_VARIABLES
+    assert LAUNCHER_VARIABLES <= demo  # no stale entry
