@@ -50,7 +50,7 @@ from data_prep._common import (
     select_indices,
     write_parquet_atomic,
 )
-from data_prep.templates import render_medical
+from data_prep.templates import options_block_error, render_medical
 from sorl_verl.progress import progress
 
 ABILITY = "medical-mcqa"
@@ -74,10 +74,23 @@ def read_medqa(path: Path) -> Iterator[Item]:
         if "".join(letters) != "ABCDEFGHIJ"[: len(letters)]:
             raise located(path, where, "options", f"letters {letters} are not A, B, C, ...")
         choices = [required_text(options, letter, path, where + " options") for letter in letters]
+        choices = check_options(choices, letters, path, where, "options.")
         answer = record.get("answer_idx")
         if not isinstance(answer, str) or answer not in options:
             raise located(path, where, "answer_idx", f"{answer!r} is not one of the options {letters}")
         yield question, choices, answer, "", ""
+
+
+def check_options(choices: list[str], fields: Sequence[str], path: Path, where: str, prefix: str = "") -> list[str]:
+    """The option texts with line breaks made spaces (MedQA's export has options ending in a line break and a
+    stray quote), or a located error (file, row, field) for one the prompt's options block cannot show as
+    itself (an empty text): the reward reads the options the row carries, the model those the prompt shows."""
+    choices = [" ".join(c.split()) if ("\n" in c or "\r" in c) else c for c in choices]
+    error = options_block_error(choices)
+    if error is not None:
+        index, why = error
+        raise located(path, where, f"{prefix}{fields[index]}", why)
+    return choices
 
 
 def read_medmcqa(path: Path) -> Iterator[Item]:
@@ -94,6 +107,7 @@ def read_medmcqa(path: Path) -> Iterator[Item]:
             ):
                 raise located(path, where, field, f"expected option text, got {type(value).__name__} {value!r:.40}")
             choices.append(str(value))
+        choices = check_options(choices, ("opa", "opb", "opc", "opd"), path, where)
         cop = record.get("cop")
         if not isinstance(cop, int) or isinstance(cop, bool) or not 1 <= cop <= 4:
             raise located(path, where, "cop", f"answer index {cop!r} out of range 1..4")
@@ -127,6 +141,7 @@ def read_mmlu_subject(path: Path, subject: str) -> Iterator[Item]:
             raise located(path, where, "question", "empty")
         if answer.strip() not in LETTERS:
             raise located(path, where, "answer", f"{answer!r} is not one of A, B, C, D")
+        choices = check_options(choices, LETTERS, path, where, "column ")
         yield question, choices, answer.strip(), "", subject
 
 

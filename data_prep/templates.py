@@ -74,6 +74,20 @@ def parse_options_block(content: str) -> list[str] | None:
     return choices or None
 
 
+def options_block_error(choices: list[str]) -> tuple[int, str] | None:
+    """``(index, why)`` of the first option that cannot be shown as an ``A. text`` line that reads back
+    as itself (an empty text, a line break in it), or None: the multiple-choice reward reads the options
+    the prompt shows, so a block that does not parse back would score answers against other texts."""
+    for i, choice in enumerate(choices):
+        if not choice.strip():
+            return i, "empty option text"
+        if "\n" in choice or "\r" in choice:
+            return i, "option text holds a line break (the options block has one line per option)"
+    if parse_options_block("Options:\n" + render_options(choices) + "\n") != list(choices):
+        return len(choices) - 1, "the options block does not parse back to the options"
+    return None
+
+
 def render_medical(question: str, choices: list[str]) -> str:
     return MEDICAL.format(question=question.strip(), options=render_options(choices))
 
