@@ -14,15 +14,19 @@ fact its own document appended to the embedded Wikipedia corpus:
   cause, then that condition's treatment).
 
 Options are 4 made-up drug names (:data:`N_OPTIONS`), the correct one at a letter drawn so that the
-gold letters are balanced over A-D in every split; the answer is the letter (``<answer> B </answer>``),
-scored by the ``mcqa`` reward. The prompt is the quick start's short search instruction with the
-options block of ``examples/medical`` (:func:`data_prep.templates.render_options`: ``A. text`` lines
-after ``Options:``). Every entity belongs to one case and cases are split into ``sft``, ``train`` and
+gold letters are balanced over A-D in every split; the gold answer is the letter, scored by the
+``mcqa`` reward, which reads an answer naming an option's text as that option's letter (its rule 2).
+The demonstrations answer with the option's text (``<answer> Bateol </answer>``): answering with the
+letter needs a lookup from the drug found to the letter before it in the options block, which the
+0.6M-parameter warm start did not learn in 1000 SFT steps (held-out copy accuracy 3-14%, nearly every
+error a letter), while it copies made-up names from its context well. The prompt is the quick start's
+short search instruction with the options block of ``examples/medical``
+(:func:`data_prep.templates.render_options`: ``A. text`` lines after ``Options:``). Every entity belongs to one case and cases are split into ``sft``, ``train`` and
 ``val``, so the facts of the splits are disjoint; a drug name recurs as a distractor in other cases,
 so no option is given away by being new.
 
 The warm start leaves RL a decision to learn, as the search quick start does: a share
-``guess_fraction`` of the demonstrated choices answer at once with a wrong letter instead of
+``guess_fraction`` of the demonstrated choices answer at once with a wrong option instead of
 searching. The choice is the first token after the first thought (``<search>`` or ``<answer>``);
 a guess scores 0, a search usually 1.
 """
@@ -45,12 +49,11 @@ N_OPTIONS = 4
 FACTS = (1, 2)
 DATA_SOURCE = "sorl_quickstart_medical"
 ABILITY = "medical-mcqa"
-# The search quick start's instruction (task.INSTRUCTION), asking for the option's letter as
-# examples/medical's template does; short, since it is most of every sequence for a tiny model.
+# The search quick start's instruction (task.INSTRUCTION) for a multiple-choice question; short,
+# since it is most of every sequence for a tiny model.
 INSTRUCTION = (
     "Answer the multiple-choice question. Think inside <think> </think>. To search, write <search> query </search>; "
-    "results come back inside <information> </information>. Give the letter of the correct option as "
-    "<answer> C </answer>."
+    "results come back inside <information> </information>. Give the correct option as <answer> option </answer>."
 )
 
 
@@ -140,22 +143,22 @@ def queries(case: Case) -> list[str]:
     return [f"{e} {r}" for e, r, _ in case.hops]
 
 
-def wrong_letter(case: Case) -> str:
-    """A guess's letter: the option after the gold one (deterministic, never right)."""
-    return string.ascii_uppercase[(case.options.index(case.drug) + 1) % len(case.options)]
+def wrong_option(case: Case) -> str:
+    """A guess: the option after the gold one (deterministic, never right)."""
+    return case.options[(case.options.index(case.drug) + 1) % len(case.options)]
 
 
 def demonstration(case: Case, observations: list[str], kind: str = SEARCH) -> loop.Segments:
     """The trajectory as ``(text, trainable)`` segments after the prompt (observations not trainable).
 
-    ``GUESS`` answers at once with a wrong letter; ``SEARCH`` retrieves the facts and answers the
-    letter of the drug found; any other kind does the same with no loss on the choice token (the
-    first ``<search>``).
+    ``GUESS`` answers at once with a wrong option; ``SEARCH`` retrieves the facts and answers with the
+    drug found (an option's text, which the ``mcqa`` reward reads as its letter); any other kind does
+    the same with no loss on the choice token (the first ``<search>``).
     """
     first_entity, first_relation, _ = case.hops[0]
     segments: loop.Segments = [(f"<think> I need the {first_relation} of {first_entity}. </think>\n", True)]
     if kind == GUESS:
-        return segments + [(f"<answer> {wrong_letter(case)} </answer>", True)]
+        return segments + [(f"<answer> {wrong_option(case)} </answer>", True)]
     segments += [("<search>", kind == SEARCH), (f" {queries(case)[0]} </search>", True), (observations[0], False)]
     if case.facts == 2:
         segments += [
@@ -166,9 +169,7 @@ def demonstration(case: Case, observations: list[str], kind: str = SEARCH) -> lo
             ),
             (observations[1], False),
         ]
-    return segments + [
-        (f"<think> The treatment is {case.drug}. It is option {case.letter}. </think>\n<answer> {case.letter} </answer>", True)
-    ]
+    return segments + [(f"<think> The treatment is {case.drug}. </think>\n<answer> {case.drug} </answer>", True)]
 
 
 def case_row(case: Case, index: int) -> dict:
@@ -229,6 +230,7 @@ class MedicalConfig(WarmStartConfig):
     task: str = "medical"
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     guess_fraction: float = 0.7
+    sft_steps: int = 600  # held-out copy accuracy 100% at 600 on the multi-hop task, whose demonstrations are longer
     include_wiki: bool = True
     topk: int = 1
     max_obs_length: int = 64
@@ -242,7 +244,7 @@ def report(info: dict) -> str:
     return (
         f"task: {info['cases']} cases (facts per question in validation: {info['cases_by_facts']['val']}); "
         f"model: {info['n_params']:,} parameters; SFT on {info['sft_examples']} demonstrations "
-        f"({info['sft_early_examples']} guess a letter), loss {info['sft_loss_first']:.2f} -> "
+        f"({info['sft_early_examples']} guess an option), loss {info['sft_loss_first']:.2f} -> "
         f"{info['sft_loss_last10']:.2f}, copy accuracy {info['copy_accuracy']:.0%} "
         f"({info['task_seconds'] + info['model_seconds']:.0f} s)"
     )
@@ -250,7 +252,7 @@ def report(info: dict) -> str:
 
 TASK = QuickstartTask(
     name="medical",
-    summary="medical multiple choice: made-up drugs and conditions, one or two lookups, a letter answer",
+    summary="medical multiple choice: made-up drugs and conditions, one or two lookups, the gold a letter",
     config=MedicalConfig,
     prepare=prepare,
     report=report,

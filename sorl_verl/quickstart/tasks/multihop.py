@@ -4,12 +4,16 @@ Ours (the paper's multi-hop sets are HotpotQA, 2WikiMultiHopQA, MuSiQue and Bamb
 made-up knowledge base a ~1M-parameter model learns on two CPU cores). Every question follows a
 *chain* of made-up entities, each fact its own document appended to the embedded Wikipedia corpus:
 
-    country --capital|port--> city --founder|mayor--> person --birthplace--> town
+    country --capital--> city --founder--> person --birthplace--> town
 
-- 2-hop: "Take the port of Tavo Kemu. Who is its mayor?" (answer: the person);
-- 3-hop: "Take the port of Tavo Kemu. Where was its mayor born?" (answer: the town).
+- 2-hop: "Who founded the capital of Tavo Kemu?" (answer: the person);
+- 3-hop: "Where was the founder of the capital of Tavo Kemu born?" (answer: the town).
 
-The second query names the entity the first search returned ("<city> mayor"), the third the one
+One relation per hop, so the question's first words alone tell how many hops it has: with two
+relations per hop ("the mayor of the port of X") the 0.54M-parameter warm start learned the
+relation words as a coin instead of copying them from the question (held-out copy accuracy
+8-39% after 1000 SFT steps, every error a relation word), while it copies made-up names well.
+The second query names the entity the first search returned ("<city> founder"), the third the one
 the second returned: the hops are chained, and a good trajectory has 3 (2-hop) or 4 (3-hop)
 model turns. Every entity belongs to one chain, and chains are split into ``sft`` (warm-start
 demonstrations), ``train`` (RL prompts) and ``val`` (validation), so the facts of the three splits
@@ -21,8 +25,8 @@ first hop, with the entity it found (a city: always wrong). The choice is one to
 second thought (``<search>`` or ``<answer>``), so the warm start learns it as a coin: greedy
 validation answers after one hop (about 0 exact match) and sampled rollouts go on searching about
 ``1 - early_answer_fraction`` of the time. After the second hop the demonstrations are all
-right: a 2-hop question is answered, a 3-hop one searched once more (the second sentence's first
-word, "Who" or "Where", tells which).
+right: a 2-hop question is answered, a 3-hop one searched once more (the question's first word,
+"Who" or "Where", tells which).
 
 Rows use the project's row schema (:func:`data_prep._common.make_row`), the ``search_r1`` agent and
 the ``qa_em`` reward, with the multi-hop data source names the real recipe uses: ``hotpotqa`` for
@@ -41,8 +45,8 @@ from sorl_verl.quickstart.task import AGENT_NAME, GUESS, SEARCH, SPLITS, _unique
 from sorl_verl.quickstart.tasks import Option, QuickstartTask
 from sorl_verl.quickstart.tasks import _search_loop as loop
 
-FIRST_HOP = ("capital", "port")  # country -> city
-SECOND_HOP = ("founder", "mayor")  # city -> person
+FIRST_HOP = ("capital",)  # country -> city
+SECOND_HOP = ("founder",)  # city -> person
 THIRD_HOP = "birthplace"  # person -> town
 HOPS = (2, 3)
 DATA_SOURCES = {2: "hotpotqa", 3: "musique"}
@@ -64,12 +68,9 @@ class Chain:
 
     @property
     def question(self) -> str:
-        # the hops in the order they are taken: a tiny model copies "the port of X" into its first
-        # thought and query reliably, while picking the inner relation out of "the mayor of the port
-        # of X" it learned as a guess (wrong on the held-out check's 1-in-2 cases)
         if self.hops == 2:
-            return f"Take the {self.first} of {self.country}. Who is its {self.second}?"
-        return f"Take the {self.first} of {self.country}. Where was its {self.second} born?"
+            return f"Who is the {self.second} of the {self.first} of {self.country}?"
+        return f"Where was the {self.second} of the {self.first} of {self.country} born?"
 
     @property
     def answer(self) -> str:
@@ -83,9 +84,7 @@ class Chain:
 
 _DOCUMENT = {
     "capital": "{e} is a country. Its capital is {v}.",
-    "port": "{e} is a country. Its port is {v}.",
     "founder": "{e} is a city. Its founder is {v}.",
-    "mayor": "{e} is a city. Its mayor is {v}.",
     THIRD_HOP: "{e} is a person. Their birthplace is {v}.",
 }
 
@@ -220,6 +219,9 @@ class MultihopConfig(WarmStartConfig):
     task: str = "multihop"
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     early_answer_fraction: float = 0.7
+    # each demonstration copies 3-4 names (the search task's 2), so fewer steps teach the copying:
+    # held-out copy accuracy 100% after 600 (seed 1); the demo's time is mostly this SFT
+    sft_steps: int = 600
     include_wiki: bool = True
     topk: int = 1
     max_obs_length: int = 64

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The stability benchmark across the paper's task families (docs/stability.md, docs/results.md):
+#
+#   bash examples/stability/task_families.sh [SWEEP_DIR]     (default runs/stability)
+#
+# - multihop and medical at 64 updates per step (reuse_8x8): the paper's methods PPO, Turn-PPO,
+#   S-PPO, ST-PPO, GRPO, SO-GRPO, and the baselines GSPO and CISPO;
+# - PPO without pressure (reuse_1x2) on both as the control;
+# - search at reuse_8x8: S-PPO with the correction's other readings (absolute, sequence scope; the
+#   default reading is s_ppo itself, whose search runs are in the committed archive).
+# Seed by seed, so a partial sweep covers every cell once before the next seed. Every call skips
+# finished runs and resumes an unfinished one: run this again (in another sitting) to go on.
+# Then the report, merged with the committed archive of earlier sittings' runs.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT="${1:-runs/stability}"
+PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
+ARCHIVE=docs/figures/stability/stability_runs.csv
+status=0
+for seed in ${SEEDS:-1 2 3}; do
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task multihop medical \
+    --pressures reuse_8x8 --methods ppo turn_ppo s_ppo st_ppo grpo so_grpo gspo cispo || status=1
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task multihop medical \
+    --pressures reuse_1x2 --methods ppo || status=1
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task search \
+    --pressures reuse_8x8 --methods s_ppo+absolute s_ppo+sequence || status=1
+done
+"$PYTHON" -m sorl_verl.stability report --out "$OUT" --archive "$ARCHIVE" || status=1
+exit "$status"
