@@ -140,9 +140,10 @@ def test_copy_accuracy_is_recorded_and_a_weak_warm_start_warns(prepared, capsys)
     _, _, info = prepared
     assert 0.0 <= info["copy_accuracy"] <= 1.0
     assert info["copy_accuracy"] < 0.5  # 3 SFT steps of a 1-layer model learn no copying
-    # a weak warm start is redone from a fresh initialization, and the last attempt is kept
-    assert info["sft_attempts"] == 1 + SFT_RETRIES == len(info["copy_accuracy_per_attempt"])
-    assert info["copy_accuracy_per_attempt"][-1] == info["copy_accuracy"]
+    # a weak warm start is redone from a fresh initialization, and the better attempt is kept
+    per_attempt = info["copy_accuracy_per_attempt"]
+    assert info["sft_attempts"] == 1 + SFT_RETRIES == len(per_attempt)
+    assert info["copy_accuracy"] == max(per_attempt) == per_attempt[info["sft_attempt_kept"] - 1]
     assert warn_weak_warm_start(info)
     assert "copy_accuracy" in capsys.readouterr().err
     assert not warn_weak_warm_start({**info, "copy_accuracy": 0.97})
@@ -161,6 +162,26 @@ def test_a_warm_start_that_copies_is_kept_at_the_first_attempt(tmp_path, monkeyp
     info = prepare(tmp_path / "run", tiny_config(sizes={"sft": 8, "train": 4, "val": 4}, seed=7), show_progress=False)
     assert seeds == [7] and info["sft_attempts"] == 1 and info["copy_accuracy"] == 0.9
     assert info["config"]["seed"] == 7
+
+
+def test_a_retry_worse_than_the_first_attempt_is_dropped(tmp_path, monkeypatch):
+    import torch
+
+    import sorl_verl.quickstart.prepare as prep
+
+    cfg = tiny_config(sizes={"sft": 8, "train": 4, "val": 4}, seed=7)
+    monkeypatch.setattr(prep, "retry_beside_first", lambda: False)
+    monkeypatch.setattr(prep, "copy_accuracy", lambda *a, **k: 0.9)
+    alone = prepare(tmp_path / "alone", cfg, show_progress=False)  # the first attempt only
+    checks = iter([0.5, 0.1])
+    monkeypatch.setattr(prep, "copy_accuracy", lambda *a, **k: next(checks))
+    info = prepare(tmp_path / "run", cfg, show_progress=False)
+    assert info["copy_accuracy_per_attempt"] == [0.5, 0.1] and info["sft_attempts"] == 2
+    assert info["sft_attempt_kept"] == 1 and info["copy_accuracy"] == 0.5
+    assert info["sft_loss_last10"] == alone["sft_loss_last10"]
+    a, b = model_tensors(tmp_path / "alone" / "model"), model_tensors(tmp_path / "run" / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the first attempt's model, not the retry's
+    assert not (tmp_path / "run" / prep.RETRY_DIR).exists()
 
 
 def model_tensors(model_dir):

@@ -230,7 +230,6 @@ class MedicalConfig(WarmStartConfig):
     task: str = "medical"
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     guess_fraction: float = 0.7
-    sft_steps: int = 600  # held-out copy accuracy 100% at 600 on the multi-hop task, whose demonstrations are longer
     include_wiki: bool = True
     topk: int = 1
     max_obs_length: int = 64
