@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the quick start's task family: {', '.join(search_loop_tasks())} (default {DEFAULT_TASK}; several: one grid each)",
     )
     r.add_argument(
-        "--methods", nargs="+", choices=list(METHODS), help=f"default: {' '.join(DEFAULT_METHODS)} (all: {' '.join(METHODS)})"
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
+        help=f"default: {' '.join(DEFAULT_METHODS)} (all: {' '.join(METHODS)})",
     )
     r.add_argument("--seeds", nargs="+", type=int, help=f"default: {' '.join(map(str, DEFAULT_SEEDS))}")
     r.add_argument(

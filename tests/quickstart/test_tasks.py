@@ -21,9 +21,8 @@ import pytest
 from data_prep.templates import options_block_error, parse_options_block
 from reward_fns import compute_score
 from sorl_verl.quickstart.task import GUESS, SEARCH, SEARCH_UNTAUGHT_CHOICE, SPLITS
-from sorl_verl.quickstart.tasks import UnknownTask, get_task, task_names
+from sorl_verl.quickstart.tasks import UnknownTask, get_task, medical, multihop, task_names
 from sorl_verl.quickstart.tasks import _search_loop as loop
-from sorl_verl.quickstart.tasks import medical, multihop
 
 SIZES = {"sft": 60, "train": 40, "val": 40}
 
@@ -49,7 +48,10 @@ def test_unknown_task_exits_2_naming_the_choices():
 
 def test_defaults_are_shell_lines_that_keep_a_set_variable():
     done = subprocess.run(
-        [sys.executable, "-m", "sorl_verl.quickstart", "defaults", "multihop"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "sorl_verl.quickstart", "defaults", "multihop"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     script = done.stdout + 'echo "$MAX_TURNS $TOPK"'
     assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.strip() == "4 1"
@@ -83,7 +85,9 @@ def test_splits_have_the_sizes_and_disjoint_facts(built):
     assert Counter(i.split for i in items) == SIZES
     entities = {}
     for item in items:
-        names = (item.country, item.city, item.person, item.town) if name == "multihop" else (item.finding, item.condition)
+        names = (
+            (item.country, item.city, item.person, item.town) if name == "multihop" else (item.finding, item.condition)
+        )
         for entity in names:
             entities.setdefault(entity, set()).add(item.split)
     assert all(len(splits) == 1 for splits in entities.values())  # no entity (so no fact) in two splits
@@ -95,7 +99,9 @@ def test_splits_have_the_sizes_and_disjoint_facts(built):
 
 def test_questions_are_answerable_only_by_searching(built):
     name, spec, items, task_dir = built
-    sft_text = " ".join(text for i in items if i.split == "sft" for text, _ in spec.demonstration(i, ["", "", ""], SEARCH))
+    sft_text = " ".join(
+        text for i in items if i.split == "sft" for text, _ in spec.demonstration(i, ["", "", ""], SEARCH)
+    )
     for item in (i for i in items if i.split == "val"):
         answer = item.answer if name == "multihop" else item.drug
         assert answer not in item.question  # the question does not give it away
@@ -142,7 +148,11 @@ def test_multihop_demonstrations_have_three_or_four_turns_and_score_right(built)
         early = "".join(t for t, _ in spec.demonstration(item, obs, GUESS))
         assert early.count("<think>") == 2 and early.endswith(f"<answer> {item.city} </answer>")
         untaught = spec.demonstration(item, obs, SEARCH_UNTAUGHT_CHOICE)
-        assert [t for t, train in untaught if not train] == [obs[0], "<search>", *obs[1:]]  # only the choice is untaught
+        assert [t for t, train in untaught if not train] == [
+            obs[0],
+            "<search>",
+            *obs[1:],
+        ]  # only the choice is untaught
         row = by_id.get(f"mh-{item.chain_id}")
         if row is not None:
             truth = row["reward_model"]["ground_truth"]

@@ -91,7 +91,16 @@ def test_pressure_learning_rate_and_budget_extras_reach_the_launcher():
 def test_prepare_args_follow_what_run_demo_passes():
     assert prepare_args(3, Budget()) == ["--task", "search", "--seed", "3"]
     budget = Budget(env=(("TOPK", "2"),), prepare_args=("--sft-steps", "50"))
-    assert prepare_args(1, budget, "multihop") == ["--task", "multihop", "--seed", "1", "--topk", "2", "--sft-steps", "50"]
+    assert prepare_args(1, budget, "multihop") == [
+        "--task",
+        "multihop",
+        "--seed",
+        "1",
+        "--topk",
+        "2",
+        "--sft-steps",
+        "50",
+    ]
     shared = Budget(env=(("PREPARE_SEED", "7"), ("DEMO_MIX", "0.25")))  # one warm start for every RL seed
     assert prepare_args(3, shared) == ["--task", "search", "--seed", "7", "--demo-mix", "0.25"]
 

@@ -109,7 +109,10 @@ def generate_cases(sizes: dict[str, int], seed: int = 0, reserved_words: set[str
     firsts = _unique_words(rng, pool, (2,), taken)
     seconds = _unique_words(rng, pool, (2,), taken)
     names = [f"{a} {b}" for a, b in rng.sample([(a, b) for a in firsts for b in seconds], 2 * total)]
-    drugs = [w + "mab" if i % 2 else w + "ol" for i, w in enumerate(_unique_words(rng, max(N_OPTIONS + 1, total // 4), (2,), taken))]
+    drugs = [
+        w + "mab" if i % 2 else w + "ol"
+        for i, w in enumerate(_unique_words(rng, max(N_OPTIONS + 1, total // 4), (2,), taken))
+    ]
     cases, case_id = [], 0
     for split in SPLITS:
         n = int(sizes[split])

@@ -79,7 +79,11 @@ class Chain:
     @property
     def facts(self) -> list[tuple[str, str, str]]:
         """``(entity, relation, value)`` of every fact of the chain, in hop order."""
-        return [(self.country, self.first, self.city), (self.city, self.second, self.person), (self.person, THIRD_HOP, self.town)]
+        return [
+            (self.country, self.first, self.city),
+            (self.city, self.second, self.person),
+            (self.person, THIRD_HOP, self.town),
+        ]
 
 
 _DOCUMENT = {
