@@ -103,6 +103,14 @@ class QuickstartTask:
         return Path(__file__).resolve().parents[3] / "examples" / "quickstart" / self.launcher
 
 
+# the options of every task played through the search loop (its retrieval shapes the demonstrations)
+SEARCH_LOOP_OPTIONS = (
+    Option("topk", "--topk", int, "passages per search (must match the agent loop's)"),
+    Option("max_obs_length", "--max-obs-length", int, "observation tokens kept (must match the agent loop's)"),
+    Option("include_wiki", "--no-wiki", bool, "knowledge-base documents only"),
+)
+
+
 class UnknownTask(ValueError):
     """A task name that is not a module of this package."""
 

@@ -42,7 +42,7 @@ from data_prep._common import make_row
 from data_prep.templates import parse_options_block, render_options
 from sorl_verl.quickstart.prepare import WarmStartConfig
 from sorl_verl.quickstart.task import AGENT_NAME, GUESS, SEARCH, SPLITS, _unique_words
-from sorl_verl.quickstart.tasks import Option, QuickstartTask
+from sorl_verl.quickstart.tasks import SEARCH_LOOP_OPTIONS, QuickstartTask
 from sorl_verl.quickstart.tasks import _search_loop as loop
 
 N_OPTIONS = 4
@@ -259,11 +259,7 @@ TASK = QuickstartTask(
     prepare=prepare,
     report=report,
     demo_mix="guess_fraction",
-    options=(
-        Option("topk", "--topk", int, "passages per search (must match the agent loop's)"),
-        Option("max_obs_length", "--max-obs-length", int, "observation tokens kept (must match the agent loop's)"),
-        Option("include_wiki", "--no-wiki", bool, "knowledge-base documents only"),
-    ),
+    options=SEARCH_LOOP_OPTIONS,
     defaults={
         "MAX_TURNS": "3",
         "TOPK": "1",

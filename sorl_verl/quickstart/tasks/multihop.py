@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from data_prep._common import make_row
 from sorl_verl.quickstart.prepare import WarmStartConfig
 from sorl_verl.quickstart.task import AGENT_NAME, GUESS, SEARCH, SPLITS, _unique_words, prompt_messages
-from sorl_verl.quickstart.tasks import Option, QuickstartTask
+from sorl_verl.quickstart.tasks import SEARCH_LOOP_OPTIONS, QuickstartTask
 from sorl_verl.quickstart.tasks import _search_loop as loop
 
 FIRST_HOP = ("capital",)  # country -> city
@@ -252,11 +252,7 @@ TASK = QuickstartTask(
     prepare=prepare,
     report=report,
     demo_mix="early_answer_fraction",
-    options=(
-        Option("topk", "--topk", int, "passages per search (must match the agent loop's)"),
-        Option("max_obs_length", "--max-obs-length", int, "observation tokens kept (must match the agent loop's)"),
-        Option("include_wiki", "--no-wiki", bool, "knowledge-base documents only"),
-    ),
+    options=SEARCH_LOOP_OPTIONS,
     defaults={
         "MAX_TURNS": "4",
         "TOPK": "1",

@@ -4,7 +4,7 @@ prepared by :mod:`sorl_verl.quickstart.prepare`); RL teaches *when to search*.""
 from __future__ import annotations
 
 from sorl_verl.quickstart.prepare import PrepareConfig, prepare
-from sorl_verl.quickstart.tasks import Option, QuickstartTask
+from sorl_verl.quickstart.tasks import SEARCH_LOOP_OPTIONS, Option, QuickstartTask
 
 
 def report(info: dict) -> str:
@@ -29,9 +29,7 @@ TASK = QuickstartTask(
             float,
             "demonstration mix: share of SFT demonstrations that answer at once with a wrong guess (= --demo-mix)",
         ),
-        Option("topk", "--topk", int, "passages per search (must match the agent loop's)"),
-        Option("max_obs_length", "--max-obs-length", int, "observation tokens kept (must match the agent loop's)"),
-        Option("include_wiki", "--no-wiki", bool, "knowledge-base documents only"),
+        *SEARCH_LOOP_OPTIONS,
     ),
     # run_demo.sh's comments say why each value
     defaults={
