@@ -223,9 +223,6 @@ class MultihopConfig(WarmStartConfig):
     task: str = "multihop"
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 1500, "train": 400, "val": 256})
     early_answer_fraction: float = 0.7
-    # each demonstration copies 3-4 names (the search task's 2), so fewer steps teach the copying:
-    # held-out copy accuracy 100% after 600 (seed 1); the demo's time is mostly this SFT
-    sft_steps: int = 600
     include_wiki: bool = True
     topk: int = 1
     max_obs_length: int = 64
