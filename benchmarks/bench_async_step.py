@@ -12,7 +12,7 @@ warm-up batch): verl's ``timing_s/step``, ``timing_s/gen`` (waiting for the batc
 ``timing_s/update_actor``, ``timing_s/update_weights``, and the staleness of the trained data.
 
 The two runs share the machine with whatever else runs on it: read the figures side by side,
-not against other runs; the 1-minute load average before and after each run is printed, and
+not against other runs; the 1-minute load before and after each run is printed, and
 ``--order async,sync`` swaps the runs.
 """
 

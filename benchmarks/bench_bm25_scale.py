@@ -250,7 +250,7 @@ def synthetic_queries(corpus: Path, count: int, seed: int = 1) -> list[str]:
 
 def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
     """Build and search figures of one size; with ``saved`` (an earlier row), only the search step is rerun."""
-    print(f"\n-- {passages:,} passages (load average {os.getloadavg()[0]:.1f})", flush=True)
+    print(f"\n-- {passages:,} passages (1-min load {os.getloadavg()[0]:.1f})", flush=True)
     corpus = synthetic_corpus_file(work, passages)
     index = work / f"index_{passages}"
     if saved is None:
@@ -274,7 +274,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
         print(
             f"   build {row['build_s']:.0f} s ({row['build_cpu_s']:.0f} s CPU), peak {row['build_peak_gb']:.2f} GB "
             f"(VmHWM), vocabulary {row['vocab']:,}, {row['postings']:,} postings; index {row['bm25_bytes'] / GB:.2f} GB "
-            f"+ docs {row['docs_bytes'] / GB:.2f} GB (load average {row['load_avg_build']:.1f})",
+            f"+ docs {row['docs_bytes'] / GB:.2f} GB (1-min load {row['load_avg_build']:.1f})",
             flush=True,
         )
     else:
@@ -314,7 +314,7 @@ def measure(passages: int, work: Path, saved: dict | None = None) -> dict:
         f"{row['qps_cpu_2_threads']:.0f} per CPU-second, {row['qps_cpu_cold']:.0f} with the caches flushed before "
         f"each query; {row['postings_per_query']:,.0f} postings a query, of which MaxScore visits "
         f"{row['visits_per_query']:,.0f}; {row['qps_cpu_exhaustive']:.0f} queries per CPU-second scoring every "
-        f"posting (load average {row['load_avg_search']:.1f})",
+        f"posting (1-min load {row['load_avg_search']:.1f})",
         flush=True,
     )
     return row
@@ -402,7 +402,7 @@ def markdown(rows: list[dict], projected: list[dict], context: str) -> str:
         "| passages | build: wall (CPU) | build peak | BM25 arrays | docs + offsets | vocabulary | postings | "
         "retriever RSS: loaded / after 1000 queries | of which anonymous | queries/s, 1 / 2 threads (wall) | "
         "queries per CPU-second, 1 / 2 threads; caches flushed | postings a query | MaxScore visits a query | "
-        "queries per CPU-second scoring every posting | load average: build / search |",
+        "queries per CPU-second scoring every posting | 1-min load: build / search |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -505,7 +505,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     print(
         f"machine: {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GB:.1f} GB, "
-        f"load average {os.getloadavg()[0]:.1f}, nice {os.nice(0)}"
+        f"1-min load {os.getloadavg()[0]:.1f}, nice {os.nice(0)}"
     )
     rows = []
     for n in sorted(args.scale):
@@ -529,7 +529,7 @@ def main() -> None:
         f"Builds finished {built[0]} to {built[-1]}, searches measured {searched[0]} to {searched[-1]}, "
         f"by `python benchmarks/bench_bm25_scale.py --scale "
         f"{' '.join(str(n) for n in sorted(args.scale))}` (nice {', '.join(sorted({str(r.get('nice', '?')) for r in rows}))}) on {os.cpu_count()} CPU cores "
-        f"shared with other jobs (load averages in the table). Synthetic passages of 100 words from the "
+        f"shared with other jobs (1-min loads in the table). Synthetic passages of 100 words from the "
         f"embedded corpus's word frequencies, titled `Synthetic i`: the title's number is a term of its own, "
         f"so the vocabulary grows by one term a passage (21M terms at 21M passages), faster than a real "
         f"corpus's; what grows with the vocabulary (the build's term tables; the retriever's vocabulary: a "
@@ -558,7 +558,7 @@ def main() -> None:
         cpu = f" ({f['cpu_s'] / 60:.1f} min CPU)" if "cpu_s" in f else ""
         line = (
             f"Former in-memory build (bm25s Tokenizer + BM25.index, corpus in lists) of the {n / 1e6:g}M corpus: "
-            f"{f['build_s'] / 60:.1f} min{cpu}, peak {f['peak_gb']:.2f} GB (load average {f['load_before']:.1f} -> "
+            f"{f['build_s'] / 60:.1f} min{cpu}, peak {f['peak_gb']:.2f} GB (1-min load {f['load_before']:.1f} -> "
             f"{f['load_after']:.1f})."
         )
         print(f"\n-- {line}")

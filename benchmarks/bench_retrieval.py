@@ -342,7 +342,7 @@ def server_latency(index_dir: Path, load: int = 0) -> None:
             f"{run['loadavg']:>5.1f}   {target}" + (f"  errors: {run['error_kinds']}" if run["errors"] else "")
         )
     print("   server / client: CPU ms per request of the server process and of this one (the load generator);")
-    print("   load: the 1-minute load average after the run")
+    print("   load: the 1-minute load after the run")
 
 
 def drain_under_load(index_dir: Path, clients: int = 200, before_signal: int = 1000) -> None:
@@ -508,7 +508,7 @@ def main() -> None:
             _pyserini_missing(err)
     if args.load < 0 or args.load > 5000:
         parser.error("--load must be between 0 and 5000")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.1f} at start")
 
     with tempfile.TemporaryDirectory(prefix="bench_retrieval_") as tmp:
         tmp = Path(tmp)

@@ -248,7 +248,7 @@ def main() -> None:
     args = parser.parse_args()
     if any(n < 1 for n in args.passages) or args.queries < 1 or args.timed_queries < 1 or args.repeats < 1:
         parser.error("--passages, --queries, --timed-queries and --repeats must be positive")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.1f} at start")
     try:
         rows = pyserini_comparison(
             tuple(args.passages),
