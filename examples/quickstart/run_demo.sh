@@ -36,6 +36,11 @@ export ALGO TASK
 # MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, DEMO_MIX), each unless set in the environment; an unknown TASK
 # exits 2 naming the tasks
 TASK_DEFAULTS="$("$PYTHON" -m sorl_verl.quickstart defaults "$TASK")" || exit 2
+TASK_LAUNCHER="$("$PYTHON" -m sorl_verl.quickstart launcher "$TASK")"
+if [[ "$(basename "$TASK_LAUNCHER")" != run_demo.sh ]]; then
+  echo "error: TASK=$TASK has its own launcher: bash $TASK_LAUNCHER (or make demo TASK=$TASK)" >&2
+  exit 2
+fi
 eval "$TASK_DEFAULTS"
 
 # ---- the demo's scale (ours: what fits ~15 minutes on 2 CPU cores)

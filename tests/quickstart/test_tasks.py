@@ -225,3 +225,21 @@ def test_generators_are_deterministic_and_use_made_up_words():
     assert cases == medical.generate_cases(SIZES, seed=5)
     assert Counter(c.facts for c in cases).keys() == {1, 2}
     assert Counter(c.hops for c in a).keys() == {2, 3}
+
+
+def test_run_demo_refuses_a_task_with_its_own_launcher(tmp_path):
+    from sorl_verl.quickstart.tasks import get_task
+
+    script = get_task("search").launcher_path
+    for task, message in (
+        ("math", "TASK=math has its own launcher"),
+        ("nope", "unknown task 'nope'; choose one of: math, medical, multihop, search"),
+    ):
+        done = subprocess.run(
+            ["bash", str(script), "so_grpo", "--out", str(tmp_path / task)],
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "TASK": task, "PYTHON": sys.executable},
+            check=False,
+        )
+        assert done.returncode == 2 and message in done.stderr, (task, done.stderr[-500:])
