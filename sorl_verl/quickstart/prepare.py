@@ -254,12 +254,12 @@ def warm_start_with_retry(
         warm_start_attempt, run_dir, texts=texts, extra_tokens=extra_tokens, make_examples=make_examples, check=check
     )
     retry_cfg = replace(cfg, seed=cfg.seed + RETRY_SEED_OFFSET)
-    beside = retry_beside_first()
+    beside = SFT_RETRIES == 1 and retry_beside_first()
     retry = SpeculativeAttempt(attempt, retry_cfg, run_dir / RETRY_DIR) if beside else None
     kept = 0
     try:
         results = [attempt(cfg, show_progress=show_progress)]
-        if results[0][1] < MIN_COPY_ACCURACY:
+        if SFT_RETRIES and results[0][1] < MIN_COPY_ACCURACY:
             print(
                 f"warm start: copy accuracy {results[0][1]:.0%} < {MIN_COPY_ACCURACY:.0%} after {cfg.sft_steps} SFT "
                 f"steps; {'the retry trained beside it from' if retry else 'SFT again from'} a fresh initialization "
@@ -317,8 +317,8 @@ RETRY_DIR = "model.retry"
 
 class SpeculativeAttempt:
     """``attempt(cfg, show_progress=False, model_dir=folder/"model")`` started now in a child process
-    (spawned, one torch thread), for a result that may never be needed: :meth:`result` waits for it,
-    :meth:`install` moves its model into place, :meth:`discard` stops the child and removes ``folder``.
+    (spawned, one torch thread), for a result that may never be needed: :meth:`result` waits for it
+    (its model is then in ``folder/model``), :meth:`discard` stops the child and removes ``folder``.
     If the child fails, :meth:`result` runs the attempt here instead (a warning says why)."""
 
     def __init__(self, attempt: Callable[..., tuple[dict, float]], cfg, folder: Path):
@@ -350,10 +350,6 @@ class SpeculativeAttempt:
         )
         shutil.rmtree(self.folder, ignore_errors=True)
         return self.attempt(self.cfg, show_progress=False, model_dir=self.folder / "model")
-
-    def install(self, model_dir: Path) -> None:
-        """Replace ``model_dir`` by the retry's model (:func:`~sorl_verl.fileio.replace_dir`)."""
-        replace_dir(self.folder / "model", model_dir)
 
     def discard(self) -> None:
         if self._process.is_alive():
@@ -392,7 +388,7 @@ def _run_speculative(send, attempt, cfg, model_dir: Path) -> None:
 # initialization with another seed, once; the better attempt is kept (a warning when it is still weak).
 MIN_COPY_ACCURACY = 0.8
 COPY_CHECK_FACTS = 100
-SFT_RETRIES = 1
+SFT_RETRIES = 1  # 1: one retry; 0: none (the code runs at most one)
 RETRY_SEED_OFFSET = 1000
 
 
