@@ -88,22 +88,44 @@ class PrepareConfig(WarmStartConfig):
 
 def build_task(task_dir: Path, cfg: PrepareConfig) -> list[Fact]:
     """Facts, corpus, BM25 index and parquet files in ``task_dir``; returns the facts."""
+    return build_knowledge_base(
+        task_dir,
+        cfg.include_wiki,
+        lambda reserved: generate_facts(cfg.sizes, seed=cfg.seed, reserved_words=reserved),
+        fact_documents,
+        fact_row,
+        "facts.jsonl",
+    )
+
+
+def build_knowledge_base(
+    task_dir: Path,
+    include_wiki: bool,
+    generate: Callable[[set[str]], list],
+    documents: Callable[[list], list[dict]],
+    row: Callable[[object, int], dict],
+    items_file: str,
+) -> list:
+    """A search-loop task's folder: ``generate(reserved_words)`` items (dataclasses with a ``split``;
+    the embedded Wikipedia's vocabulary reserved when ``include_wiki``), written as JSON lines to
+    ``items_file``; the corpus (Wikipedia, if asked, plus ``documents(items)``) and its BM25 index;
+    ``train.parquet`` / ``val.parquet`` of ``row(item, index)``. Returns the items."""
     from sorl_verl.retrieval import build_index, embedded_corpus_path
     from sorl_verl.retrieval.corpus import iter_corpus, write_jsonl_atomic
 
     task_dir.mkdir(parents=True, exist_ok=True)
     base_rows = []
-    if cfg.include_wiki:
+    if include_wiki:
         base_rows = [{"id": f"wiki-{d.id}", "contents": d.contents} for d in iter_corpus(embedded_corpus_path())]
-    facts = generate_facts(cfg.sizes, seed=cfg.seed, reserved_words=corpus_vocabulary(r["contents"] for r in base_rows))
-    write_facts(facts, task_dir / "facts.jsonl")
+    items = generate(corpus_vocabulary(r["contents"] for r in base_rows))
+    write_facts(items, task_dir / items_file)
     corpus_path = task_dir / "corpus.jsonl.gz"
-    write_jsonl_atomic(base_rows + fact_documents(facts), corpus_path)
+    write_jsonl_atomic(base_rows + documents(items), corpus_path)
     build_index(corpus_path, task_dir / "index", method="bm25", overwrite=True, show_progress=False)
     for split in ("train", "val"):
-        rows = [fact_row(f, i) for i, f in enumerate(f for f in facts if f.split == split)]
+        rows = [row(item, i) for i, item in enumerate(i for i in items if i.split == split)]
         write_parquet_atomic(rows, task_dir / f"{split}.parquet")
-    return facts
+    return items
 
 
 def demonstration_segments(

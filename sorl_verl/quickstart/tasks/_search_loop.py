@@ -10,21 +10,17 @@ it reuses.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from data_prep._common import write_parquet_atomic
-from sorl_verl.fileio import write_text_atomic
-from sorl_verl.quickstart.prepare import WarmStartConfig, prepare_run, warm_start_with_retry
+from sorl_verl.quickstart.prepare import WarmStartConfig, build_knowledge_base, prepare_run, warm_start_with_retry
 from sorl_verl.quickstart.task import (
     GUESS,
     SEARCH,
     SEARCH_R1_TAGS,
     SPLITS,
-    corpus_vocabulary,
     plan_demonstrations,
 )
 
@@ -56,23 +52,15 @@ def prompt_messages(content: str) -> list[dict]:
 
 
 def build_task(spec: SearchLoopSpec, task_dir: Path, cfg) -> list:
-    """Items, corpus, BM25 index and parquet rows in ``task_dir``; returns the items."""
-    from sorl_verl.retrieval import build_index, embedded_corpus_path
-    from sorl_verl.retrieval.corpus import iter_corpus, write_jsonl_atomic
-
-    task_dir.mkdir(parents=True, exist_ok=True)
-    base_rows = []
-    if cfg.include_wiki:
-        base_rows = [{"id": f"wiki-{d.id}", "contents": d.contents} for d in iter_corpus(embedded_corpus_path())]
-    items = spec.generate(cfg, corpus_vocabulary(r["contents"] for r in base_rows))
-    write_text_atomic(task_dir / "items.jsonl", "".join(json.dumps(asdict(i)) + "\n" for i in items))
-    corpus_path = task_dir / "corpus.jsonl.gz"
-    write_jsonl_atomic(base_rows + spec.documents(items), corpus_path)
-    build_index(corpus_path, task_dir / "index", method="bm25", overwrite=True, show_progress=False)
-    for split in ("train", "val"):
-        rows = [spec.row(item, i) for i, item in enumerate(i for i in items if i.split == split)]
-        write_parquet_atomic(rows, task_dir / f"{split}.parquet")
-    return items
+    """Items (``items.jsonl``), corpus, BM25 index and parquet rows in ``task_dir``; returns the items."""
+    return build_knowledge_base(
+        task_dir,
+        cfg.include_wiki,
+        lambda reserved: spec.generate(cfg, reserved),
+        spec.documents,
+        spec.row,
+        "items.jsonl",
+    )
 
 
 def observations(spec: SearchLoopSpec, items: list, index_dir: Path, topk: int) -> list[list[str]]:
