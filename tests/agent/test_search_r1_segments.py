@@ -82,7 +82,11 @@ def test_segments_continue_the_episode_bit_for_bit(build_search_r1, scripted_ser
         # the trained prompt is the question plus the context carried so far, bit for bit
         assert segment.prompt_ids == whole.prompt_ids + carried_ids
         ids, mask, logprobs = strip_bootstrap(segment)
-        carried_ids, carried_mask, carried_logprobs = carried_ids + ids, carried_mask + mask, carried_logprobs + logprobs
+        carried_ids, carried_mask, carried_logprobs = (
+            carried_ids + ids,
+            carried_mask + mask,
+            carried_logprobs + logprobs,
+        )
     assert carried_ids == whole.response_ids
     assert carried_mask == whole.response_mask
     assert carried_logprobs == whole.response_logprobs  # per-token log-probs stay aligned
