@@ -100,7 +100,12 @@ class SorlSegmentTrainer(SorlSyncTrainer):
         keys = [batch.keys[i] for i in rows]
         stored = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
         extra_fields = [fields or {} for fields in stored.pop("extra_fields").tolist()]
-        states = [fields[STATE_KEY] for fields in extra_fields if STATE_KEY in fields]
+        if any(STATE_KEY not in fields for fields in extra_fields):
+            raise RuntimeError(
+                f"{TRAINER_MODE}: a trained row has no extra_fields[{STATE_KEY!r}]: its agent loop does not run "
+                "segments; the rows must select the search_r1 loop (agent_name: search_r1, or a subclass of it)"
+            )
+        states = [fields[STATE_KEY] for fields in extra_fields]
         counts = self.pool.update({state["episode_id"]: state for state in states})
         if counts["lost"]:
             logger.warning(f"{TRAINER_MODE}: {counts['lost']} episode(s) had no rollout output; replaced by new ones")
