@@ -150,9 +150,14 @@ class SorlSegmentTrainer(SorlSyncTrainer):
 
     # 4. the pool in the checkpoints
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # before verl's save, which writes latest_checkpointed_iteration.txt last: a run killed in
+        # between resumes from the previous checkpoint, never from one without its pool
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        torch.save(self.pool.state_dict(), os.path.join(folder, POOL_FILE))
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, POOL_FILE)
+        torch.save(self.pool.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
