@@ -43,6 +43,11 @@ Ours (verl's agent-loop setting differs from Search-R1's batched trainer):
   a state the task never has into the training data (the policy would be trained, and
   rewarded, on it). A failed step is visible and can be resumed from its checkpoint.
 
+Segment mode (``sorl_segment`` trainer, ``docs/segments.md``): a row carrying the field
+``sorl_segment`` continues its episode from the carried tokens for at most ``turns`` model turns
+and returns only that segment as the trained sample (:meth:`SearchR1AgentLoop._run_segment`);
+rows without it run whole episodes, as above.
+
 Defaults are Search-R1's training scripts (``train_ppo.sh`` / ``train_grpo.sh``:
 ``max_turns=2``, ``retriever.topk=3``, ``data.max_obs_length=500``,
 ``data.max_response_length=500`` per generation); their ``ppo_trainer.yaml`` default is
