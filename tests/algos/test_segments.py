@@ -86,3 +86,47 @@ def test_rows_round_trip_through_a_batch():
     assert [r["raw_prompt"] for r in back] == [r["raw_prompt"] for r in rows]
     assert [r["index"] for r in back] == [0, 1]
     assert all(torch.equal(r["dummy_tensor"], torch.tensor([0])) for r in back)
+
+
+def test_checkpoint_holds_the_pool(monkeypatch, tmp_path):
+    """The trainer's save/load around verl's: the pool file lands in the step folder and comes back."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from sorl_verl.agent.segments import EpisodePool
+    from sorl_verl.algos.segment_trainer import POOL_FILE, SorlSegmentTrainer
+
+    saved_steps = []
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: saved_steps.append(self.global_steps))
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 4))
+
+    def trainer(**changes):
+        config = trainer_config(**changes)
+        OmegaConf.update(config, "trainer.default_local_dir", str(tmp_path), force_add=True)
+        OmegaConf.update(config, "trainer.resume_mode", "auto", force_add=True)
+        instance = SorlSegmentTrainer.__new__(SorlSegmentTrainer)  # verl's workers are not needed here
+        instance.config = config
+        instance.pool = EpisodePool(SegmentConfig.from_trainer_config(config), batch_size=4)
+        return instance
+
+    rows = iter(range(100))
+    saver = trainer()
+    saver.pool.next_rows(lambda: [{"raw_prompt": [], "index": next(rows)} for _ in range(4)])
+    saver.pool.update(
+        {e.episode_id: {"done": False, "state": {"context_ids": [e.episode_id]}} for e in saver.pool.slots}
+    )
+    saver.global_steps = 4
+    saver._save_checkpoint()
+    assert saved_steps == [4] and (tmp_path / "global_step_4" / POOL_FILE).exists()
+
+    loader = trainer()
+    loader._load_checkpoint()
+    assert [e.state for e in loader.pool.slots] == [{"context_ids": [i]} for i in range(4)]
+    assert torch.load(tmp_path / "global_step_4" / POOL_FILE, weights_only=False)["next_id"] == 4
+    # other segment settings than the checkpoint's: refused, naming the section
+    with pytest.raises(ValueError, match=r"trainer\.v1\.segment"):
+        trainer(**{"trainer.v1.segment.turns": 3})._load_checkpoint()
+    # a checkpoint without a pool (another mode's): a fresh pool
+    (tmp_path / "global_step_4" / POOL_FILE).unlink()
+    fresh = trainer()
+    fresh._load_checkpoint()
+    assert fresh.pool.slots == []
