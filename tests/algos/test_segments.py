@@ -130,3 +130,33 @@ def test_checkpoint_holds_the_pool(monkeypatch, tmp_path):
     fresh = trainer()
     fresh._load_checkpoint()
     assert fresh.pool.slots == []
+
+
+def test_a_pool_larger_than_the_batch_is_advanced_in_round_robin():
+    from sorl_verl.agent.segments import SEGMENT_KEY, EpisodePool
+
+    pool = EpisodePool(SegmentConfig(turns=1, resets="sync", pool_size=6, seed=0), batch_size=4)
+    fetched = iter(range(100))
+
+    def fetch_rows():
+        return [{"raw_prompt": [], "index": next(fetched)} for _ in range(4)]
+
+    advanced = []
+    for step in range(3):
+        rows = pool.next_rows(fetch_rows)
+        ids = [row[SEGMENT_KEY]["episode_id"] for row in rows]
+        advanced.append(ids)
+        # episode 1 ends at step 0; the others go on with a state naming their step
+        pool.update({i: {"done": i == 1, "state": {"step": step}} for i in ids})
+    assert advanced[0] == [0, 1, 2, 3]
+    assert advanced[1] == [4, 5, 0, 6]  # slot 1's episode ended: a new one (6) takes its place
+    assert advanced[2] == [2, 3, 4, 5]
+    assert [row["index"] for row in pool.waiting] == [7]  # fetched in chunks; the rest waits (and is saved)
+    assert [e.state for e in pool.slots] == [
+        {"step": 1},
+        {"step": 1},
+        {"step": 2},
+        {"step": 2},
+        {"step": 2},
+        {"step": 2},
+    ]
