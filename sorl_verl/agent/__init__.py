@@ -18,7 +18,8 @@ raise into ``import verl``: failures are logged as warnings.
 
 Modules: :mod:`~sorl_verl.agent.retrieval_client` (search over an in-process index or
 Search-R1's HTTP API, and Search-R1's passage format), :mod:`~sorl_verl.agent.search_tool`
-(``SearchTool`` for verl's ``tool_agent``), :mod:`~sorl_verl.agent.search_r1_loop`.
+(``SearchTool`` for verl's ``tool_agent``), :mod:`~sorl_verl.agent.search_r1_loop`,
+:mod:`~sorl_verl.agent.segments` (segment mode's episode pool and placement).
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ Ours (verl's agent-loop setting differs from Search-R1's batched trainer):
   a state the task never has into the training data (the policy would be trained, and
   rewarded, on it). A failed step is visible and can be resumed from its checkpoint.
 
+Segment mode (``sorl_segment`` trainer, ``docs/segments.md``): a row carrying the field
+``sorl_segment`` continues its episode from the carried tokens for at most ``turns`` model turns
+and returns only that segment as the trained sample (:meth:`SearchR1AgentLoop._run_segment`);
+rows without it run whole episodes, as above.
+
 Defaults are Search-R1's training scripts (``train_ppo.sh`` / ``train_grpo.sh``:
 ``max_turns=2``, ``retriever.topk=3``, ``data.max_obs_length=500``,
 ``data.max_response_length=500`` per generation); their ``ppo_trainer.yaml`` default is
@@ -54,7 +59,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import uuid4
 
@@ -63,6 +68,7 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from sorl_verl.agent.retrieval_client import EMBEDDED, HttpOptions, format_passages, get_client
+from sorl_verl.agent.segments import SEGMENT_KEY, STATE_KEY, warmup_turns
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -127,6 +133,7 @@ class _Trajectory:
     answered: bool = False
     truncated: bool = False
     actions: list[str] = field(default_factory=list)
+    turn_starts: list[int] = field(default_factory=list)  # response offset of each model turn generated here
 
     def append(self, token_ids: list[int], mask_value: int, logprobs: list[float] | None) -> None:
         if logprobs is not None and self.response_logprobs is None:
@@ -203,19 +210,43 @@ class SearchR1AgentLoop(AgentLoopBase):
 
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        messages = list(kwargs["raw_prompt"])
-        trajectory = _Trajectory(prompt_ids=await self.ct_build_initial_tokens(messages))
-        full_determinism = getattr(self.rollout_config, "full_determinism", False)
-        request_id = f"det-{int(kwargs.get('priority', 0))}" if full_determinism else uuid4().hex
+        segment = kwargs.get(SEGMENT_KEY)
+        if segment is not None:  # a row of the segment trainer: continue an episode for a few turns
+            return await self._run_segment(sampling_params, segment, kwargs)
+        trajectory = _Trajectory(prompt_ids=await self.ct_build_initial_tokens(list(kwargs["raw_prompt"])))
         metrics: dict[str, Any] = {}
         extra_fields: dict[str, Any] = {}
+        await self._advance(trajectory, sampling_params, self._request_id(kwargs), metrics, extra_fields)
+        return self._output(trajectory, metrics, extra_fields)
 
-        for turn in range(self.max_turns + 1):
+    def _request_id(self, kwargs: dict[str, Any]) -> str:
+        if getattr(self.rollout_config, "full_determinism", False):
+            return f"det-{int(kwargs.get('priority', 0))}"
+        return uuid4().hex
+
+    async def _advance(
+        self,
+        trajectory: _Trajectory,
+        sampling_params: dict[str, Any],
+        request_id: str,
+        metrics: dict[str, Any],
+        extra_fields: dict[str, Any],
+        max_new_turns: int | None = None,
+    ) -> bool:
+        """Run the protocol from ``trajectory``'s turn ``model_turns`` on; True when the episode ended.
+
+        ``max_new_turns``: stop (episode not ended) after that many model turns and their
+        observations; ``None``: run to the end of the episode.
+        """
+        first_turn = trajectory.model_turns
+        for turn in range(first_turn, self.max_turns + 1):
+            if max_new_turns is not None and turn - first_turn >= max_new_turns:
+                return False
             final_turn = turn == self.max_turns
             budget = self.response_length - len(trajectory.response_ids)
             if budget <= 0:
                 trajectory.truncated = True
-                break
+                return True
             with simple_timer("generate_sequences", metrics):
                 output = await self.server_manager.generate(
                     request_id=request_id,
@@ -237,6 +268,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             action, content = parse_action(self._decode(token_ids))
             trajectory.actions.append(action or "invalid")
             trajectory.model_turns += 1
+            trajectory.turn_starts.append(len(trajectory.response_ids))
             trajectory.answered = action == "answer"
             if action is None:
                 trajectory.invalid_actions += 1
@@ -245,7 +277,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             if final_turn or action == "answer" or out_of_budget:
                 trajectory.append(token_ids, 1, logprobs)
                 trajectory.truncated = out_of_budget and action != "answer"
-                break
+                return True
 
             while token_ids and token_ids[-1] in self.special_ids:
                 token_ids.pop()
@@ -268,9 +300,99 @@ class SearchR1AgentLoop(AgentLoopBase):
             trajectory.observations += 1
             if len(observation_ids) >= room:
                 trajectory.truncated = True
-                break
+                return True
+        return True
 
-        return self._output(trajectory, metrics, extra_fields)
+    async def _run_segment(
+        self, sampling_params: dict[str, Any], segment: dict[str, Any], kwargs: dict[str, Any]
+    ) -> AgentLoopOutput:
+        """Advance one episode of the segment trainer's pool by at most ``segment["turns"]`` model turns.
+
+        ``segment``: ``episode_id``, ``turns``, ``start_fraction`` and ``state`` (this method's
+        previous ``state`` output; ``None`` for a fresh episode). A fresh episode first generates
+        :func:`~sorl_verl.agent.segments.warmup_turns` turns as context (staggered placement).
+        The output is the segment: prompt = question + carried context, response = the segment's
+        tokens; when the episode goes on, one extra mask-0 token ends the response, so the
+        critic's value at that position is the value of the state after the segment (the
+        bootstrap). Rewards: 0 for a segment whose episode goes on (the reward function is not
+        called), the reward function's score for the last one. ``extra_fields[STATE_KEY]``
+        carries ``done``, ``first_turn`` and ``turns`` (the trained turns' positions in the
+        episode), ``context_turn_versions`` and the new ``state``.
+        """
+        state = segment.get("state")
+        if state is None:
+            trajectory = _Trajectory(prompt_ids=await self.ct_build_initial_tokens(list(kwargs["raw_prompt"])))
+            warmup = warmup_turns(float(segment.get("start_fraction") or 0.0), self.max_turns + 1)
+            context_versions: list = []
+        else:
+            trajectory = _Trajectory(
+                prompt_ids=list(state["prompt_ids"]),
+                response_ids=list(state["context_ids"]),
+                response_mask=list(state["context_mask"]),
+                model_turns=int(state["model_turns"]),
+                observations=int(state["observations"]),
+                searches=int(state["searches"]),
+                invalid_actions=int(state["invalid_actions"]),
+                actions=list(state["actions"]),
+            )
+            warmup = 0
+            context_versions = [list(pair) for pair in state["turn_versions"]]
+        start_turn = trajectory.model_turns
+        metrics: dict[str, Any] = {}
+        extra_fields: dict[str, Any] = {}
+        ended = await self._advance(
+            trajectory,
+            sampling_params,
+            self._request_id(kwargs),
+            metrics,
+            extra_fields,
+            max_new_turns=warmup + int(segment["turns"]),
+        )
+        versions = extra_fields.pop("turn_global_steps", [])
+        new_turns = trajectory.model_turns - start_turn
+        # the first trained turn: after the warm-up, or the last turn when the episode ended in it
+        first = min(warmup, max(new_turns - 1, 0))
+        split = trajectory.turn_starts[first] if new_turns else len(trajectory.response_ids)
+        ended = ended or new_turns == 0
+
+        next_state = None
+        if not ended:
+            next_state = {
+                "prompt_ids": list(trajectory.prompt_ids),
+                "context_ids": list(trajectory.response_ids),
+                "context_mask": list(trajectory.response_mask),
+                "model_turns": trajectory.model_turns,
+                "observations": trajectory.observations,
+                "searches": trajectory.searches,
+                "invalid_actions": trajectory.invalid_actions,
+                "actions": list(trajectory.actions),
+                "turn_versions": context_versions + versions,
+            }
+        logprobs = trajectory.response_logprobs
+        view = replace(
+            trajectory,
+            prompt_ids=trajectory.prompt_ids + trajectory.response_ids[:split],
+            response_ids=trajectory.response_ids[split:],
+            response_mask=trajectory.response_mask[split:],
+            response_logprobs=logprobs[split:] if logprobs is not None else None,
+        )
+        if not ended or not view.response_ids:
+            # the bootstrap position (never an empty response either)
+            view.append([self._bootstrap_token_id()], 0, None)
+        extra_fields["turn_global_steps"] = versions[first:]
+        extra_fields[STATE_KEY] = {
+            "episode_id": int(segment["episode_id"]),
+            "done": ended,
+            "first_turn": start_turn + first,
+            "turns": new_turns - first,
+            "context_turn_versions": context_versions + versions[:first],
+            "state": next_state,
+        }
+        return self._output(view, metrics, extra_fields, reward_score=None if ended else 0.0)
+
+    def _bootstrap_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
     @staticmethod
     def _merge_server_fields(extra_fields: dict[str, Any], server_fields: dict[str, Any]) -> None:
@@ -280,7 +402,9 @@ class SearchR1AgentLoop(AgentLoopBase):
         elif (server_fields or {}).get("max_global_steps") is not None:
             extra_fields["max_global_steps"] = server_fields["max_global_steps"]
 
-    def _output(self, trajectory: _Trajectory, metrics: dict, extra_fields: dict) -> AgentLoopOutput:
+    def _output(
+        self, trajectory: _Trajectory, metrics: dict, extra_fields: dict, reward_score: float | None = None
+    ) -> AgentLoopOutput:
         length = self.response_length
         extra_fields.update(
             {
@@ -305,4 +429,6 @@ class SearchR1AgentLoop(AgentLoopBase):
             num_turns=1 + trajectory.model_turns + trajectory.observations,
             metrics=metrics,
             extra_fields=extra_fields,
+            # unset unless given: verl's worker then calls the reward function
+            **({"reward_score": reward_score} if reward_score is not None else {}),
         )

@@ -8,7 +8,9 @@ so that credit is assigned per agent action. Our reading of the details:
   first token, so a reward placed on an observation or padding token after the turn (e.g. the
   final score of an episode that ended on a tool call) is credited to the turn that caused it;
   rewards before a row's first turn go to its first turn;
-* ``delta_k = r_k + gamma * V_{k+1} - V_k`` (``V`` after the last turn is 0) and
+* ``delta_k = r_k + gamma * V_{k+1} - V_k`` (``V`` after the last turn is 0, or the row's
+  bootstrap value when the row is a segment of an unfinished episode: segment mode,
+  :mod:`sorl_verl.algos.segment_trainer`) and
   ``A_k = sum_{j >= k} (gamma * lam)^(j - k) * delta_j`` over the turns of the row;
 * every token of turn k gets ``A_k``; the critic's target is ``A_k + V_k`` on the turn's tokens
   (as verl's GAE: returns = advantages + values); off-mask tokens get 0 for both;
@@ -20,6 +22,9 @@ registered estimators receive rewards, mask, ``index`` and the ``algorithm`` con
 ``sorl_sync`` trainer (:mod:`sorl_verl.algos.trainer`) reads the values the critic just wrote
 and exposes them through :func:`provide_critic_values` for the duration of verl's own
 ``compute_advantage``; ``turn_gae`` picks them up there (or from an explicit ``values=``).
+The segment trainer hands over, the same way, each row's bootstrap value: the critic's value
+of the state after the row's last turn for a segment whose episode goes on, 0 for one whose
+episode ended.
 """
 
 from __future__ import annotations
@@ -41,15 +46,18 @@ TURN_GAE_OVERRIDES = "algorithm.adv_estimator=turn_gae critic.enable=True traine
 
 # Not on verl's objects: verl 0.9's compute_advantage holds the values in its DataProto but calls a
 # registered estimator with rewards, mask, uid, reward_baselines and the algorithm config only.
-_critic_values: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+_critic_values: contextvars.ContextVar[tuple[torch.Tensor, torch.Tensor | None] | None] = contextvars.ContextVar(
     "sorl_verl_critic_values", default=None
 )
 
 
 @contextlib.contextmanager
-def provide_critic_values(values: torch.Tensor) -> Iterator[None]:
-    """Make ``values`` ``(batch, response_len)`` visible to ``turn_gae`` inside this block."""
-    token = _critic_values.set(values)
+def provide_critic_values(values: torch.Tensor, bootstrap: torch.Tensor | None = None) -> Iterator[None]:
+    """Make ``values`` ``(batch, response_len)`` visible to ``turn_gae`` inside this block.
+
+    ``bootstrap`` ``(batch,)``: the value after each row's last turn (default 0 for every row).
+    """
+    token = _critic_values.set((values, bootstrap))
     try:
         yield
     finally:
@@ -62,12 +70,15 @@ def turn_gae_core(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
+    bootstrap: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-level GAE before whitening.
 
     Args:
         token_level_rewards, values, response_mask: ``(batch, response_len)``.
         gamma, lam: discount and GAE lambda, applied per turn.
+        bootstrap: ``(batch,)``, the value after each row's last turn; ``None``: 0 (whole
+            episodes). A row without turns ignores it.
 
     Returns:
         ``(advantages, returns)``, both ``(batch, response_len)`` float32, constant over each turn
@@ -98,6 +109,11 @@ def turn_gae_core(
     rows, position = segments.turn_row, segments.turn_index
     padded_values = rewards.new_zeros(batch, max_turns + 1)
     padded_values[rows, position] = turn_values
+    if bootstrap is not None:
+        # the slot right after a row's last turn; GAE reads it as V_{K} of that row
+        padded_values[torch.arange(batch, device=mask.device), segments.turns_per_row] = bootstrap.to(
+            padded_values.dtype
+        )
     padded_rewards = rewards.new_zeros(batch, max_turns)
     padded_rewards[rows, position] = turn_rewards
     deltas = padded_rewards + gamma * padded_values[:, 1:] - padded_values[:, :-1]
@@ -124,6 +140,7 @@ def compute_turn_gae_advantage_return(
     values: torch.Tensor | None = None,
     gamma: float | None = None,
     lam: float | None = None,
+    bootstrap: torch.Tensor | None = None,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl advantage estimator ``turn_gae``: turn-level GAE, whitened.
@@ -133,6 +150,8 @@ def compute_turn_gae_advantage_return(
         config: verl's ``algorithm`` config (``gamma``, ``lam``), as verl passes it.
         values: ``(batch, response_len)`` critic values; default: those set by
             :func:`provide_critic_values` (the ``sorl_sync`` trainer does it).
+        bootstrap: ``(batch,)`` value after each row's last turn; default: the one set by
+            :func:`provide_critic_values` with ``values``, else 0.
         gamma, lam: override ``config.gamma`` / ``config.lam``.
         unused: other keywords verl passes to registered estimators (``index``, ...).
 
@@ -140,7 +159,8 @@ def compute_turn_gae_advantage_return(
         ``(advantages, returns)``, ``(batch, response_len)``.
     """
     if values is None:
-        values = _critic_values.get()
+        values, provided_bootstrap = _critic_values.get() or (None, None)
+        bootstrap = provided_bootstrap if bootstrap is None else bootstrap
     if values is None:
         raise ValueError(
             "adv_estimator=turn_gae needs the critic's values, which verl hands only to its built-in gae. "
@@ -155,7 +175,7 @@ def compute_turn_gae_advantage_return(
     if lam is None:
         lam = float(config.get("lam", 1.0)) if config is not None else 1.0
     with torch.no_grad():
-        advantages, returns = turn_gae_core(token_level_rewards, values, response_mask, gamma, lam)
+        advantages, returns = turn_gae_core(token_level_rewards, values, response_mask, gamma, lam, bootstrap)
         mask = response_mask.to(advantages.dtype)
         advantages = verl_F.masked_whiten(advantages, mask) * mask
     return advantages, returns

@@ -25,6 +25,7 @@ def _import_our_trainer(_trainer_package) -> None:
     # "Unknown trainer".
     importlib.import_module(_OUR_TRAINER)
     importlib.import_module("sorl_verl.algos.async_trainers")  # sorl_colocate_async, sorl_separate_async
+    importlib.import_module("sorl_verl.algos.segment_trainer")  # sorl_segment
 
 
 def install() -> None:

@@ -60,8 +60,13 @@ class SorlTrainerMixin:
             return super()._compute_advantage(batch, metrics)
         stored = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["values"])
         values = stored.to_padded_tensor()["values"]
-        with provide_critic_values(values):
+        with provide_critic_values(values, self._bootstrap_values(batch, values)):
             return super()._compute_advantage(batch, metrics)
+
+    def _bootstrap_values(self, batch, values):
+        """``(batch,)`` value after each row's last turn, or ``None`` (0: rows are whole episodes).
+        The segment trainer's rows end where their episodes go on (:mod:`sorl_verl.algos.segment_trainer`)."""
+        return None
 
 
 @register_trainer("sorl_sync")

@@ -1,22 +1,23 @@
 """turn_gae against a slow reference, through verl's own advantage dispatch, and through the
-``sorl_sync`` trainer's advantage step (with an in-memory stand-in for verl's TransferQueue)."""
+``sorl_sync`` trainer's advantage step (with an in-memory stand-in for verl's TransferQueue); the
+segment trainer's bootstrap value (V after an unfinished segment) the same three ways."""
 
 import numpy as np
 import pytest
 import torch
 import verl.utils.torch_functional as verl_F
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 from verl import DataProto
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.utils import tensordict_utils as tu
 
 from sorl_verl.algos.advantages import compute_turn_gae_advantage_return, provide_critic_values, turn_gae_core
 
 
-def reference_turn_gae(rewards, values, mask, gamma, lam):
-    """Row by row, turn by turn, in Python."""
+def reference_turn_gae(rewards, values, mask, gamma, lam, bootstrap=None):
+    """Row by row, turn by turn, in Python; ``bootstrap[row]``: V after the row's last turn (default 0)."""
     rows, length = mask.shape
     advantages = torch.zeros(rows, length, dtype=torch.float64)
     returns = torch.zeros(rows, length, dtype=torch.float64)
@@ -38,7 +39,8 @@ def reference_turn_gae(rewards, values, mask, gamma, lam):
         gae = 0.0
         turn_adv = [0.0] * len(starts)
         for k in reversed(range(len(starts))):
-            next_value = turn_values[k + 1] if k + 1 < len(starts) else 0.0
+            after = float(bootstrap[row]) if bootstrap is not None else 0.0
+            next_value = turn_values[k + 1] if k + 1 < len(starts) else after
             delta = turn_rewards[k] + gamma * next_value - turn_values[k]
             gae = delta + gamma * lam * gae
             turn_adv[k] = gae
@@ -119,15 +121,14 @@ def test_through_verl_compute_advantage_dispatch():
 
 
 class FakeTransferQueue:
-    """In-memory stand-in for the two TransferQueue calls the advantage step makes."""
+    """In-memory stand-in for the TransferQueue calls the advantage step makes."""
 
     def __init__(self, fields):
         self.fields = dict(fields)
         self.put = {}
 
     def kv_batch_get(self, keys, partition_id, select_fields):
-        present = {name: self.fields[name] for name in select_fields if name in self.fields}
-        return TensorDict(present, batch_size=[len(keys)])
+        return tu.get_tensordict({name: self.fields[name] for name in select_fields if name in self.fields})
 
     def kv_batch_put(self, keys, partition_id, fields):
         self.put.update(dict(fields.items()))
@@ -135,8 +136,9 @@ class FakeTransferQueue:
 
 
 class BatchMeta:
-    def __init__(self, keys):
+    def __init__(self, keys, tags=None):
         self.keys = keys
+        self.tags = tags if tags is not None else [{} for _ in keys]
         self.partition_id = "train"
         self.extra_info = {}
 
@@ -148,24 +150,15 @@ def nested(rows):
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def test_sorl_sync_trainer_hands_critic_values_to_turn_gae(monkeypatch):
+def advantage_step(monkeypatch, trainer_name, fields, tags=None):
+    """Run a registered trainer's ``_compute_advantage`` alone on ``fields``; the fields it wrote."""
     import transfer_queue
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    trainer_cls = get_trainer_cls("sorl_sync")
-    rewards, values, mask = random_episode(rows=4, length=12, seed=9)
-    lengths = [12, 9, 12, 7]  # ragged responses, as the V1 trainer stores them
-    store = FakeTransferQueue(
-        {
-            "uid": torch.arange(4),
-            "response_mask": nested([mask[i, : lengths[i]].long() for i in range(4)]),
-            "rm_scores": nested([rewards[i, : lengths[i]].float() for i in range(4)]),
-            "values": nested([values[i, : lengths[i]].float() for i in range(4)]),
-        }
-    )
+    store = FakeTransferQueue(fields)
     monkeypatch.setattr(transfer_queue, "kv_batch_get", store.kv_batch_get)
     monkeypatch.setattr(transfer_queue, "kv_batch_put", store.kv_batch_put)
-
+    trainer_cls = get_trainer_cls(trainer_name)
     trainer = trainer_cls.__new__(trainer_cls)  # only the advantage step is exercised
     trainer.config = OmegaConf.create(
         {
@@ -173,8 +166,24 @@ def test_sorl_sync_trainer_hands_critic_values_to_turn_gae(monkeypatch):
             "actor_rollout_ref": {"rollout": {"n": 1}},
         }
     )
-    trainer._compute_advantage(BatchMeta([f"k{i}" for i in range(4)]), metrics={})
-    advantages = store.put["advantages"]
+    rows = len(fields["response_mask"])
+    trainer._compute_advantage(BatchMeta([f"k{i}" for i in range(rows)], tags), metrics={})
+    return store.put
+
+
+def test_sorl_sync_trainer_hands_critic_values_to_turn_gae(monkeypatch):
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    rewards, values, mask = random_episode(rows=4, length=12, seed=9)
+    lengths = [12, 9, 12, 7]  # ragged responses, as the V1 trainer stores them
+    fields = {
+        "uid": torch.arange(4),
+        "response_mask": nested([mask[i, : lengths[i]].long() for i in range(4)]),
+        "rm_scores": nested([rewards[i, : lengths[i]].float() for i in range(4)]),
+        "values": nested([values[i, : lengths[i]].float() for i in range(4)]),
+    }
+    put = advantage_step(monkeypatch, "sorl_sync", fields)
+    advantages = put["advantages"]
     padded_mask = torch.zeros(4, 12, dtype=torch.bool)
     padded_rewards = torch.zeros(4, 12, dtype=torch.float64)
     padded_values = torch.zeros(4, 12, dtype=torch.float64)
@@ -189,6 +198,88 @@ def test_sorl_sync_trainer_hands_critic_values_to_turn_gae(monkeypatch):
 
     # Without the hook verl's own sync trainer cannot run turn_gae.
     plain = get_trainer_cls("sync")
-    assert issubclass(trainer_cls, plain)
+    assert issubclass(get_trainer_cls("sorl_sync"), plain)
     with pytest.raises(ValueError, match="sorl_sync"):
-        plain._compute_advantage(trainer, BatchMeta([f"k{i}" for i in range(4)]), metrics={})
+        advantage_step(monkeypatch, "sync", fields)
+
+
+def segment_batch(seed=0, rows=6, width=16):
+    """Segments of the segment trainer: ragged rows; an unfinished one (``goes_on``) ends with an
+    extra mask-0 token and reward 0, a finished one has its final reward on its last token."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(6, width + 1, (rows,), generator=generator)
+    goes_on = torch.tensor([True, False, True, True, False, True])[:rows]
+    mask = (torch.rand(rows, width, generator=generator) < 0.7).long()
+    rewards = torch.zeros(rows, width, dtype=torch.float64)
+    values = torch.randn(rows, width, generator=generator, dtype=torch.float64)
+    for row in range(rows):
+        n = int(lengths[row])
+        mask[row, n:] = 0
+        values[row, n:] = 0
+        if goes_on[row]:
+            mask[row, n - 1] = 0  # the bootstrap position
+        else:
+            rewards[row, n - 1] = float(torch.randn(1, generator=generator))
+    mask[0, : int(lengths[0]) - 1] = 1  # one row is a single long turn
+    return rewards, values, mask, lengths, goes_on
+
+
+def slow_bootstrap(values, lengths, goes_on):
+    """V after each row's last turn, row by row: the value at its last token if the episode goes on."""
+    return [float(values[row, lengths[row] - 1]) if goes_on[row] else 0.0 for row in range(len(lengths))]
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.9, 0.95), (0.7, 0.0)])
+def test_segment_bootstrap_matches_reference(gamma, lam):
+    from sorl_verl.algos.segment_trainer import bootstrap_values
+
+    rewards, values, mask, lengths, goes_on = segment_batch(seed=int(gamma * 10 + lam * 100))
+    bootstrap = bootstrap_values(values, lengths, goes_on)
+    assert bootstrap.tolist() == slow_bootstrap(values, lengths, goes_on)  # only unfinished rows
+    advantages, returns = turn_gae_core(rewards, values, mask, gamma, lam, bootstrap)
+    expected, expected_returns = reference_turn_gae(
+        rewards, values, mask, gamma, lam, slow_bootstrap(values, lengths, goes_on)
+    )
+    assert torch.allclose(advantages.double(), expected, atol=1e-6)
+    assert torch.allclose(returns.double(), expected_returns, atol=1e-6)
+    # the bootstrap changes the unfinished rows, and only them
+    plain, _ = turn_gae_core(rewards, values, mask, gamma, lam)
+    changed = (advantages - plain).abs().sum(dim=1) > 1e-9
+    assert torch.equal(changed, goes_on & (bootstrap != 0))
+    # a zero bootstrap is exactly the whole-episode estimator
+    zero, _ = turn_gae_core(rewards, values, mask, gamma, lam, torch.zeros(len(lengths), dtype=torch.float64))
+    assert torch.equal(zero, plain)
+
+
+def test_registered_estimator_takes_the_bootstrap_with_the_values():
+    rewards, values, mask, lengths, goes_on = segment_batch(seed=4)
+    bootstrap = torch.tensor(slow_bootstrap(values, lengths, goes_on))
+    with provide_critic_values(values.float(), bootstrap.float()):
+        advantages, _ = compute_turn_gae_advantage_return(rewards.float(), mask, config={"gamma": 0.9, "lam": 0.95})
+    raw, _ = reference_turn_gae(rewards, values.float().double(), mask, 0.9, 0.95, bootstrap.float().tolist())
+    expected = verl_F.masked_whiten(raw, mask.double()) * mask
+    assert torch.allclose(advantages.double(), expected, atol=1e-5)
+
+
+def test_sorl_segment_trainer_bootstraps_unfinished_rows(monkeypatch):
+    from sorl_verl.agent.segments import STATE_KEY
+
+    rewards, values, mask, lengths, goes_on = segment_batch(seed=7)
+    rows = len(lengths)
+    fields = {
+        "uid": torch.arange(rows),
+        "response_mask": nested([mask[i, : lengths[i]] for i in range(rows)]),
+        "rm_scores": nested([rewards[i, : lengths[i]].float() for i in range(rows)]),
+        "values": nested([values[i, : lengths[i]].float() for i in range(rows)]),
+        "extra_fields": [{STATE_KEY: {"done": not bool(goes_on[i])}} for i in range(rows)],
+    }
+    # the last row is verl's padding (it copies a real row's fields): never bootstrapped
+    tags = [{} for _ in range(rows - 1)] + [{"is_padding": True}]
+    put = advantage_step(monkeypatch, "sorl_segment", fields, tags)
+    expected_goes_on = goes_on.clone()
+    expected_goes_on[rows - 1] = False
+    after = slow_bootstrap(values.float().double(), lengths, expected_goes_on)
+    raw, _ = reference_turn_gae(rewards, values.float().double(), mask, 0.9, 0.95, after)
+    expected = verl_F.masked_whiten(raw, mask.double()) * mask
+    for i in range(rows):
+        assert torch.allclose(put["advantages"][i].double(), expected[i, : lengths[i]], atol=1e-5)
