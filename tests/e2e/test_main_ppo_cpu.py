@@ -1,6 +1,6 @@
-"""verl's real ``main_ppo`` on CPU: 2 steps per SORL loss, search_r1 loop, hf rollout, tiny model.
+"""verl's real ``main_ppo`` on CPU: 2 synchronous steps, search_r1 loop, hf rollout, tiny model.
 
-Each run checks: both steps logged; the SORL diagnostics (``actor/sorl/...``) in the logged
+The run checks: both steps logged; the SORL diagnostics (``actor/sorl/...``) in the logged
 metrics; the saved actor weights differ from the initial ones; rollout log-probs agree with
 the actor's (on-policy weight hand-over); and the response mask marks exactly the tokens the
 rollout server generated (observations and prompts 0).
@@ -73,42 +73,39 @@ def assert_masks_exact(probes):
     assert any(0 in record["response_mask"] for record in probes)
 
 
-# so_ppo also runs the KL loss, which brings up the reference model (FSDP2 offload on CPU).
+# The KL loss brings up the reference model (FSDP2 offload on CPU).
 KL_LOSS = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01"]
 
 
-@pytest.mark.parametrize(
-    ("loss_mode", "extra"), [("turn_ppo", []), ("st_ppo", []), ("so_ppo", KL_LOSS)], ids=["turn_ppo", "st_ppo", "so_ppo"]
-)
-def test_grpo_two_steps(e2e_assets, main_ppo, tmp_path, loss_mode, extra):
+def test_sorl_sync_st_ppo_turn_gae_critic_and_kl_two_steps(e2e_assets, main_ppo, tmp_path):
+    """One run through every part of verl's synchronous path that SORL touches: the ``sorl_sync``
+    trainer handing the critic's values to ``turn_gae``, a critic (value head on CPU), the reference
+    model for the KL loss, and the ST-PPO loss (turn ratios and the clipping-bias correction) in
+    verl's actor worker.
+
+    The other losses run through verl's own ``ppo_loss`` in-process
+    (tests/algos/test_integration.py, every loss mode) and, in the worker, through the asynchronous
+    runs (``so_ppo``: tests/e2e/test_async_cpu.py and test_math_async_cpu.py); the plugin registers
+    every loss in every worker whichever one is selected (tests/agent/test_registration.py).
+    """
     result = main_ppo(
         e2e_assets,
-        tmp_path / f"run_{loss_mode}",
-        [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}", "algorithm.adv_estimator=grpo", *extra],
-    )
-    saved = check_run(result, loss_mode)
-    assert_weights_changed(saved, e2e_assets[1])
-    assert_masks_exact(result.probes)
-    if extra:
-        assert all("actor/kl_loss" in result.step_metrics()[step] for step in (1, 2))
-
-
-@pytest.mark.slow
-def test_ppo_critic_turn_gae_two_steps(e2e_assets, main_ppo, tmp_path):
-    """PPO with a critic (value head on CPU) and the turn-level GAE via the sorl_sync trainer."""
-    result = main_ppo(
-        e2e_assets,
-        tmp_path / "run_turn_gae",
+        tmp_path / "run_sorl_sync",
         [
             "actor_rollout_ref.actor.policy_loss.loss_mode=st_ppo",
             "algorithm.adv_estimator=turn_gae",
             "critic.enable=True",
             "trainer.v1.trainer_mode=sorl_sync",
             f"critic.model.path={e2e_assets[1]}",
+            *KL_LOSS,
         ],
     )
-    check_run(result, "st_ppo")
+    saved = check_run(result, "st_ppo")
+    assert_weights_changed(saved, e2e_assets[1])
+    assert_masks_exact(result.probes)
     for step in (1, 2):
         data = result.step_metrics()[step]
         assert "critic/vf_loss" in data and data["critic/vf_loss"] > 0, sorted(k for k in data if "critic" in k)
-    assert_masks_exact(result.probes)
+        assert "actor/kl_loss" in data, sorted(k for k in data if k.startswith("actor/"))
+        # the turn-level ratio of ST-PPO, not only the token-level diagnostics, reached the logger
+        assert "actor/sorl/turn_ratio_max" in data, sorted(k for k in data if k.startswith("actor/sorl/"))
