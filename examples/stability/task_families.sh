@@ -9,7 +9,8 @@
 # - search at reuse_8x8: S-PPO with the correction's other readings (absolute, sequence scope; the
 #   default reading is s_ppo itself, whose search runs are in the committed archive).
 # Seed by seed, so a partial sweep covers every cell once before the next seed. Every call skips
-# finished runs and resumes an unfinished one: run this again (in another sitting) to go on.
+# finished runs (in OUT or in the committed archive, which each finished run joins at once) and
+# resumes an unfinished one: run this again (in another sitting, on a fresh checkout) to go on.
 # Then the report, merged with the committed archive of earlier sittings' runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -18,11 +19,11 @@ PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo p
 ARCHIVE=docs/figures/stability/stability_runs.csv
 status=0
 for seed in ${SEEDS:-1 2 3}; do
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task multihop medical \
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop medical \
     --pressures reuse_8x8 --methods ppo turn_ppo s_ppo st_ppo grpo so_grpo gspo cispo || status=1
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task multihop medical \
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop medical \
     --pressures reuse_1x2 --methods ppo || status=1
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --seeds "$seed" --task search \
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task search \
     --pressures reuse_8x8 --methods s_ppo+absolute s_ppo+sequence || status=1
 done
 "$PYTHON" -m sorl_verl.stability report --out "$OUT" --archive "$ARCHIVE" || status=1

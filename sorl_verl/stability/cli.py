@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-going", action="store_true", help="go on after a failed run (default: stop; the next call resumes it)"
     )
     r.add_argument("--no-report", action="store_true", help="skip the table and figures at the end")
+    r.add_argument(
+        "--archive",
+        type=Path,
+        metavar="CSV",
+        help="a stability_runs.csv kept across sittings (e.g. docs/figures/stability/stability_runs.csv): its runs "
+        "count as finished, and each run finished now is merged into it at once",
+    )
 
     p = sub.add_parser("report", help="table (markdown, CSV) and figures of a sweep folder's finished runs")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"sweep folder (default {DEFAULT_OUT})")
@@ -156,20 +163,32 @@ def _task(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _dry_run(out: Path, specs) -> None:
+def _dry_run(out: Path, specs, archive: Path | None = None) -> None:
     from sorl_verl.stability.grid import warm_seed
-    from sorl_verl.stability.sweep import checkpoint_step, launch_command, run_dir, run_status, warm_dir
+    from sorl_verl.stability.sweep import (
+        archived_names,
+        checkpoint_step,
+        launch_command,
+        run_dir,
+        run_status,
+        warm_dir,
+    )
 
+    archived = archived_names(archive)
+    specs_left = [s for s in specs if s.name not in archived]
     for i, spec in enumerate(specs, start=1):
         status = run_status(out, spec)
-        if status == "partial":
+        if status != "finished" and spec.name in archived:
+            status = "finished (archive)"
+        elif status == "partial":
             status = f"partial (checkpoint at step {checkpoint_step(run_dir(out, spec))})"
         print(f"[{i}/{len(specs)}] {spec.name}: {status}")
-    warm = sorted({(s.task, warm_seed(s.seed, s.budget)) for s in specs})
+    pending = [s for s in specs_left if run_status(out, s) != "finished"]
+    warm = sorted({(s.task, warm_seed(s.seed, s.budget)) for s in pending})
     warm = [f"{task} seed {seed}" for task, seed in warm if not (warm_dir(out, seed, task) / "prepare.json").is_file()]
     if warm:
         print(f"warm starts to prepare: {', '.join(warm)} (several minutes each)")
-    pending = [s for s in specs if run_status(out, s) != "finished"]
+    print(f"{len(pending)} of {len(specs)} runs left")
     if pending:
         spec = pending[0]
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env().items())
@@ -210,11 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        _dry_run(args.out, specs)
+        try:
+            _dry_run(args.out, specs, args.archive)
+        except SweepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     call = {"argv": sys.argv[1:] if argv is None else list(argv)}
     try:
-        outcomes = run_sweep(args.out, specs, call=call, keep_going=args.keep_going)
+        outcomes = run_sweep(args.out, specs, call=call, keep_going=args.keep_going, archive=args.archive)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -228,5 +251,5 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     if not args.no_report:
-        _report(args.out)
+        _report(args.out, [args.archive] if args.archive and args.archive.is_file() else [])
     return 1 if failed or len(outcomes) < len(specs) else 0

@@ -302,18 +302,29 @@ def run_sweep(
     keep_going: bool = False,
     launch: Callable[[RunSpec, Path], int] = launch_run,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    archive: Path | None = None,
 ) -> list[Outcome]:
     """Run every spec not finished yet, in order; returns one outcome per spec.
 
     ``launch`` runs one run folder and returns its exit status (tests pass a fake). A failed run
     stops the sweep unless ``keep_going``; it is resumed by the next call either way.
+
+    ``archive``: a ``stability_runs.csv`` kept in the repository (run folders are not). A run named
+    in it counts as finished and is skipped; each run finished here is merged into it at once
+    (:func:`update_archive`), so a sweep spans sittings on fresh checkouts. Runs are matched by
+    name (task, pressure, method, seed): the archive does not record the budget.
     """
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for spec in specs:  # refuse a settings conflict before spending minutes on anything
         check_record(run_dir(sweep_dir, spec), spec)
+    archived = archived_names(archive)
     write_manifest(sweep_dir, specs, call or {})
-    todo = [s for s in specs if run_status(sweep_dir, s) != "finished"]
+
+    def done(spec: RunSpec) -> bool:
+        return spec.name in archived or run_status(sweep_dir, spec) == "finished"
+
+    todo = [s for s in specs if not done(s)]
     log(f"sweep {sweep_dir}: {len(specs)} runs, {len(specs) - len(todo)} finished, {len(todo)} to run")
     if todo and launch is launch_run:
         dropped = launch_env(todo[0])[1]
@@ -332,6 +343,10 @@ def run_sweep(
             outcomes.append(Outcome(spec.name, "skipped", detail="finished earlier"))
             log(f"{head}: finished earlier, skipped")
             continue
+        if spec.name in archived:
+            outcomes.append(Outcome(spec.name, "skipped", detail="in the archive"))
+            log(f"{head}: in {archive}, skipped")
+            continue
         warm = prepare_warm_start(sweep_dir, spec.seed, spec.budget, log, spec.task)
         record = check_record(folder, spec)
         link_warm_start(folder, warm)
@@ -339,7 +354,7 @@ def run_sweep(
             record = {**spec.record(), "launches": []}
         resume_at = checkpoint_step(folder)
         trained = resume_at >= spec.budget.steps and final_step_logged(folder, spec.budget.steps)
-        left = len([s for s in specs[i - 1 :] if run_status(sweep_dir, s) != "finished"])
+        left = len([s for s in specs[i - 1 :] if not done(s)])
         eta = f", {left} runs left" + (f", ETA {_fmt_minutes(sum(spent) / len(spent) * left)}" if spent else "")
         if trained:
             note = f" (trained to step {resume_at} earlier: report only)"
@@ -377,6 +392,8 @@ def run_sweep(
             spent.append(seconds)
             outcomes.append(Outcome(spec.name, "finished", seconds))
             log(f"{head}: finished in {_fmt_minutes(seconds)}{_score_note(folder)}")
+            if archive is not None:
+                update_archive(sweep_dir, archive)
         else:
             why = f"exit status {rc}" if rc else f"step {spec.budget.steps} not in its metrics"
             outcomes.append(Outcome(spec.name, "failed", seconds, why))
@@ -386,6 +403,28 @@ def run_sweep(
             log("stopping (give --keep-going to go on after a failed run); the next call resumes it")
             break
     return outcomes
+
+
+def archived_names(archive: Path | None) -> set[str]:
+    """Names of the runs in an archive ``stability_runs.csv`` (none when it does not exist yet)."""
+    if archive is None or not Path(archive).is_file():
+        return set()
+    from sorl_verl.stability.analysis import ArchiveError, archived_results
+
+    try:
+        return {r.name for r in archived_results(Path(archive))}
+    except ArchiveError as e:
+        raise SweepError(str(e)) from None
+
+
+def update_archive(sweep_dir: Path, archive: Path) -> None:
+    """Merge the sweep folder's finished runs into ``archive`` (rewritten atomically; its other rows kept)."""
+    from sorl_verl.stability.analysis import write_report
+
+    archive = Path(archive)
+    write_report(sweep_dir, [archive] if archive.is_file() else [])
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(archive, (sweep_dir / "stability_runs.csv").read_text(encoding="utf-8"))
 
 
 def _score_note(folder: Path) -> str:

@@ -20,6 +20,7 @@ from sorl_verl.stability.sweep import (
     DONE_MARKER,
     RUN_RECORD,
     SweepError,
+    archived_names,
     launch_env,
     launcher_knobs,
     run_status,
@@ -499,6 +500,45 @@ def test_an_archived_runs_csv_joins_the_table_and_a_run_folder_wins(tmp_path, ca
     assert f"{archive}, row 2, field 'warm'" in capsys.readouterr().err
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     assert main(["report", "--out", str(second), "--archive", str(tmp_path / "other.csv")]) == 2
+    assert "not a stability_runs.csv" in capsys.readouterr().err
+
+
+def test_a_run_archive_skips_its_runs_and_each_finished_run_joins_it_at_once(tmp_path, capsys):
+    """A sweep spanning sittings on fresh checkouts: only the committed archive survives."""
+    archive = tmp_path / "kept" / "stability_runs.csv"
+    specs = small_grid(methods=("grpo", "so_grpo", "ppo"))
+    first = tmp_path / "first"
+    warm_start(first, 1)
+    seen = []
+
+    def launcher(spec, folder):
+        # the archive already holds every run finished before this one
+        seen.append(sorted(archived_names(archive)))
+        return FakeLauncher(fail={"reuse_1x2__ppo__s1"})(spec, folder)
+
+    outcomes = run_sweep(first, specs, launch=launcher, log=quiet, archive=archive, keep_going=True)
+    assert [o.status for o in outcomes] == ["finished", "finished", "failed"]
+    assert seen == [[], ["reuse_1x2__grpo__s1"], ["reuse_1x2__grpo__s1", "reuse_1x2__so_grpo__s1"]]
+    assert archived_names(archive) == {"reuse_1x2__grpo__s1", "reuse_1x2__so_grpo__s1"}  # the failed run is not in
+
+    # a fresh sweep folder (the next sitting): archived runs are skipped, the rest runs and joins
+    second = tmp_path / "second"
+    warm_start(second, 1)
+    again = FakeLauncher()
+    outcomes = run_sweep(second, specs, launch=again, log=quiet, archive=archive)
+    assert again.calls == ["reuse_1x2__ppo__s1"]
+    assert [o.detail for o in outcomes[:2]] == ["in the archive", "in the archive"]
+    assert archived_names(archive) == {s.name for s in specs}
+    rows = list(csv.DictReader(io.StringIO(archive.read_text())))
+    assert len(rows) == 3 and all(r["curve"] for r in rows)
+
+    assert main(["run", "--out", str(tmp_path / "third"), "--pressures", "reuse_1x2", "--methods", "grpo", "so_grpo",
+                 "ppo", "--seeds", "1", "2", "--steps", "4", "--test-freq", "2", "--archive", str(archive),
+                 "--dry-run"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("finished (archive)") == 3 and "3 of 6 runs left" in out
+    archive.write_text("run,seed\nx,1\n")
+    assert main(["run", "--out", str(tmp_path / "third"), "--archive", str(archive), "--dry-run"]) == 2
     assert "not a stability_runs.csv" in capsys.readouterr().err
 
 
