@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${1:-runs/stability}"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
-ARCHIVE=docs/figures/stability/stability_runs.csv
+ARCHIVE="${ARCHIVE:-docs/figures/stability/stability_runs.csv}"
 status=0
 for seed in ${SEEDS:-1 2 3}; do
   "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop medical \
