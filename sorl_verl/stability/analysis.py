@@ -45,11 +45,12 @@ COLLAPSE_PEAK_FRACTION = 0.5  # ... or below this fraction of the peak
 CLIP_COLUMNS = (("Token clip", "Token clip fraction"), ("Turn clip", "Turn clip fraction"))
 _PANEL_PATTERNS = dict(STABILITY_PANELS)
 
-# The segment study's metrics. Trained model turns per trained row: a segment's (the segment trainer's
-# rollout/segment_turns_mean); a whole episode's from verl's turn count, which for the search loop is
-# the user turn + m model turns + the m - 1 observations between them = 2m (an episode cut off by the
-# response length right after an observation counts half a turn more); else the response-mask turns
-# of the SORL losses.
+# The segment study's metrics. Trained model turns per trained row, the first logged of: a segment's
+# (the segment trainer's rollout/segment_turns_mean, from the agent loop); the response-mask turns the
+# SORL losses count (the model-token runs of the trained rows: exact, but logged by the SORL losses
+# only); for whole episodes, verl's turn count / 2: for the search loop that count is the user turn +
+# m model turns + the m - 1 observations between them = 2m (an episode cut off by the response length
+# right after an observation counts half a turn more).
 SEGMENT_TURNS = "rollout/segment_turns_mean"
 EPISODE_TURN_COUNTS = ("num_turns/mean", "training/num_turns/mean")  # verl's two names, same value
 RESPONSE_MASK_TURNS = METRIC_PREFIX + "turns_per_seq"
@@ -115,13 +116,14 @@ def _mean_of(run: Run, metric: str) -> float | None:
 
 def turns_per_row(metrics: dict[str, float], whole: bool) -> float | None:
     """Trained model turns per trained row at one step (see SEGMENT_TURNS); None when not logged."""
-    if SEGMENT_TURNS in metrics:
-        return metrics[SEGMENT_TURNS]
+    for name in (SEGMENT_TURNS, RESPONSE_MASK_TURNS):
+        if name in metrics:
+            return metrics[name]
     if whole:  # verl's turn count covers the whole trajectory: of a segment's, not what it trained
         for name in EPISODE_TURN_COUNTS:
             if name in metrics:
                 return metrics[name] / 2
-    return metrics.get(RESPONSE_MASK_TURNS)
+    return None
 
 
 def _cumulative(values: dict[int, float | None], at: list[int]) -> list[float] | None:
@@ -795,8 +797,9 @@ def segments_markdown(results: list[RunResult]) -> str:
         "validation interval (L: the model turns a whole episode trains per trajectory, planned), so every "
         "arm trains about the same number of model turns. Measured, not planned: Trained turns = model "
         "turns trained over the run (rows per step x turns per row, summed over steps); Turns/row = mean "
-        "over steps of the turns a trained row holds (segments: rollout/segment_turns_mean; whole "
-        "episodes: verl's num_turns/mean / 2); Train min = verl's step timer summed (rollout, updates, "
+        "over steps of the model turns a trained row holds (segments: rollout/segment_turns_mean; "
+        "else the SORL losses' response-mask turns actor/sorl/turns_per_seq; else, whole episodes, verl's "
+        "num_turns/mean / 2); Train min = verl's step timer summed (rollout, updates, "
         "checkpoints; no validation or start-up). Means over training steps: Turn-pos. std = "
         f"{TURN_POSITION_STD} (segment arms only: the trainer logs no turn positions for whole episodes), "
         f"Token clip = actor/pg_clipfrac, Correction scale = {CORRECTION_SCALE} (SORL losses only). "
@@ -815,14 +818,14 @@ def segments_markdown(results: list[RunResult]) -> str:
 
 # ---------------------------------------------------------------- the figure
 
-# (title, x axis)
+# (title, x axis, y axis); drawn 3 to a row, two rows per (task, pressure)
 SEGMENT_PANELS = (
-    ("validation vs step", "training step"),
-    ("validation vs trained turns", "trained model turns (measured)"),
-    ("validation vs training wall time", "training wall time (min)"),
-    ("turn-position std vs step", "training step"),
-    ("token clip fraction vs step", "training step"),
-    ("correction scale vs step", "training step"),
+    ("validation vs step", "training step", "validation score"),
+    ("validation vs trained turns", "trained model turns (measured)", "validation score"),
+    ("validation vs training wall time", "training wall time (min)", "validation score"),
+    ("turn-position spread", "training step", TURN_POSITION_STD),
+    ("token clip fraction", "training step", "actor/pg_clipfrac"),
+    ("correction scale", "training step", CORRECTION_SCALE),
 )
 
 
@@ -840,8 +843,9 @@ def _measured_curve(rs: list[RunResult], xs_of) -> tuple[list[float], list[float
 
 
 def plot_segments(results: list[RunResult], out: Path) -> int:
-    """A row of SEGMENT_PANELS per (task, pressure); a line per (method, arm): colour = arm, line style =
-    method; the mean over seeds. The per-step panels draw runs whose folders are present."""
+    """The SEGMENT_PANELS per (task, pressure), in two rows of three; a line per (method, arm): colour =
+    arm, line style = method; the mean over seeds. The per-step panels (second row) draw the runs whose
+    folders are present (archived runs have no per-step metrics)."""
     import matplotlib.pyplot as plt
 
     rows: dict[tuple[str, str], dict[tuple[str, str], list[RunResult]]] = {}
@@ -856,38 +860,43 @@ def plot_segments(results: list[RunResult], out: Path) -> int:
     clip_metric = metric_for_panel(runs, _PANEL_PATTERNS["Token clip fraction"])
     per_step = {3: TURN_POSITION_STD, 4: clip_metric, 5: CORRECTION_SCALE}
 
-    fig, axes = _grid(len(rows) * len(SEGMENT_PANELS), len(SEGMENT_PANELS), 4.0, 3.2)
+    fig, grid = _grid(len(rows) * len(SEGMENT_PANELS), 3, 4.6, 3.4)
+    order: dict[str, tuple] = {}  # legend: a column per arm, a row per method (matplotlib fills columns first)
     for i, ((task, pressure), series) in enumerate(rows.items()):
+        axes = [grid[2 * i + j // 3][j % 3] for j in range(len(SEGMENT_PANELS))]
         for (method, arm), rs in series.items():
             kw = {"color": color[arm], "linestyle": style[method], "linewidth": 1.4}
             label = f"{rs[0].label} [{arm}]"  # the whole arm named too: the legend lists every arm
+            order.setdefault(label, (arm_order(arm), _method_order(method)))
             xs, mean, _ = _mean_curve([(r.steps, r.scores) for r in rs])
-            axes[i][0].plot(xs, mean, marker="o", markersize=3, label=label, **kw)
+            axes[0].plot(xs, mean, marker="o", markersize=3, label=label, **kw)
             for j, xs_of in ((1, lambda r: r.curve_turns), (2, lambda r: r.curve_wall)):
                 xs, ys = _measured_curve(rs, xs_of)
                 scale = 60 if j == 2 else 1
-                axes[i][j].plot([x / scale for x in xs], ys, marker="o", markersize=3, **kw)
+                axes[j].plot([x / scale for x in xs], ys, marker="o", markersize=3, **kw)
             for j, metric in per_step.items():
                 if metric is None:
                     continue
                 curves = [r.run.series(metric) for r in rs if r.run is not None]
                 xs, mean, _ = _mean_curve([c for c in curves if c[0]])
                 if xs:
-                    axes[i][j].plot(xs, mean, **kw)
-        for j, (title, xlabel) in enumerate(SEGMENT_PANELS):
-            ax = axes[i][j]
-            ax.set_title(f"{task} {pressure}: {title}", fontsize=8)
+                    axes[j].plot(xs, mean, **kw)
+        for ax, (title, xlabel, ylabel) in zip(axes, SEGMENT_PANELS, strict=True):
+            ax.set_title(f"{task} {pressure}: {title}", fontsize=9)
             ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(alpha=0.3)
-        axes[i][0].set_ylabel("validation score")
     handles, labels = [], []
-    for ax in axes.flat:
+    for ax in grid.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in labels:
                 handles.append(h)
                 labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=min(5, max(1, len(labels))), fontsize=8, frameon=False)
-    legend_rows = -(-len(labels) // 5)
+    ranked = sorted(range(len(labels)), key=lambda k: order[labels[k]])
+    handles, labels = [handles[k] for k in ranked], [labels[k] for k in ranked]
+    ncol = max(1, min(len(arms), 5))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    legend_rows = -(-len(labels) // ncol)
     fig.tight_layout(rect=(0, min(0.45, 0.3 * legend_rows / fig.get_figheight()), 1, 1))
     _save(fig, out)
     return len(rows)

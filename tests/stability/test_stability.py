@@ -752,6 +752,8 @@ def _segment_metrics(spec: RunSpec, step: int) -> dict:
         }
     if spec.method.startswith("st_ppo"):
         data["actor/sorl/norm_scale"] = 0.8
+        if spec.arm is None:  # the SORL losses count the trained rows' model-token runs: exact, preferred
+            data["actor/sorl/turns_per_seq"] = 2.5
     return data
 
 
@@ -795,6 +797,7 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     # 8 trajectories x 3 model turns (verl's num_turns 6 / 2) per step, cumulated at the validation steps
     assert whole.arm == "whole" and whole.steps == [0, 1, 2] and whole.curve_turns == [0.0, 24.0, 48.0]
     assert whole.curve_wall == [0.0, 9.0, 18.0] and whole.turn_position_std is None
+    assert by_name["multihop__reuse_1x2__st_ppo_turn_gae__s1"].curve_turns == [0.0, 20.0, 40.0]  # 8 x 2.5
     seg = by_name["multihop__reuse_1x2__st_ppo_turn_gae__T1-staggered__s2"]
     # the segment's trained turns, not verl's count of the whole trajectory
     assert seg.arm == "T1-staggered" and seg.steps == [0, 4, 7] and seg.curve_turns == [0.0, 32.0, 56.0]
