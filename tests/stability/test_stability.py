@@ -867,3 +867,31 @@ def test_a_bad_measured_curve_in_the_archive_is_named(tmp_path):
     archive.write_text(text.replace("0:0.0 2:16.0 4:32.0", "0:0.0 3:16.0 4:32.0"))
     with pytest.raises(ArchiveError, match=r"row 2, field 'curve_turns': its steps \[0, 3, 4\] are not the curve's"):
         archived_results(archive)
+
+
+def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys):
+    """examples/stability/segments.sh, with a stand-in PYTHON that records its calls; each call is then
+    checked by the real command line (as a dry run)."""
+    import shlex
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / "segments.sh"
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {shlex.quote(str(calls))}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "SEEDS": "1 2"}
+    subprocess.run(["bash", str(script), str(tmp_path / "sweep")], env=env, check=True)
+    lines = [shlex.split(line) for line in calls.read_text().splitlines()]
+    assert [line[:3] for line in lines] == [["-m", "sorl_verl.stability", "run"]] * 2 + [
+        ["-m", "sorl_verl.stability", "report"]
+    ]
+    archive = "docs/figures/segments/stability_runs.csv"
+    assert lines[2][3:] == ["--out", str(tmp_path / "sweep"), "--archive", archive]
+    for seed, line in zip((1, 2), lines[:2], strict=True):
+        argv = line[2:]
+        assert argv[argv.index("--seeds") + 1] == str(seed) and argv[argv.index("--archive") + 1] == archive
+        argv[argv.index("--archive") : argv.index("--archive") + 2] = []
+        assert main([*argv, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "10 of 10 runs left" in out and f"multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s{seed}" in out
