@@ -35,7 +35,16 @@ from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
 from sorl_verl.recipes import METRIC_PREFIX
-from sorl_verl.stability.grid import DEFAULT_TASK, GROUP_METHODS, METHODS, PRESSURES, RESETS, WHOLE
+from sorl_verl.stability.grid import (
+    DEFAULT_TASK,
+    DONE_MARKER,
+    GROUP_METHODS,
+    METHODS,
+    PRESSURES,
+    RESETS,
+    RUN_RECORD,
+    WHOLE,
+)
 from sorl_verl.tables.plot import STABILITY_PANELS, mean_validation_curve, metric_for_panel
 from sorl_verl.tables.runs import Run, RunError, load_run
 
@@ -214,8 +223,6 @@ def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     runs join the table unless the sweep folder holds a finished run of the same name, which wins.
     """
     import json
-
-    from sorl_verl.stability.sweep import DONE_MARKER, RUN_RECORD
 
     found: list[tuple[Run, dict]] = []
     notes: list[str] = []

@@ -196,6 +196,11 @@ class Budget:
 RESETS: tuple[str, ...] = ("sync", "staggered")
 WHOLE = "whole"  # the arm of whole episodes (every run outside the segment study)
 
+# A run folder's files of the sweep (sorl_verl.stability.sweep): its settings and launches, and its
+# completion marker. Here so that the report reads them without importing the sweep, which imports it.
+RUN_RECORD = "stability_run.json"
+DONE_MARKER = "stability_done.json"
+
 
 @dataclass(frozen=True)
 class Arm:

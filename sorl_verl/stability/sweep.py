@@ -33,12 +33,10 @@ from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
 from sorl_verl.recipes import RECIPE_VARIABLES
-from sorl_verl.stability.grid import DEFAULT_TASK, Budget, RunSpec, prepare_args, warm_seed
+from sorl_verl.stability.grid import DEFAULT_TASK, DONE_MARKER, RUN_RECORD, Budget, RunSpec, prepare_args, warm_seed
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "examples" / "quickstart" / "run_demo.sh"
-RUN_RECORD = "stability_run.json"
-DONE_MARKER = "stability_done.json"
 RUN_LOG = "stability.log"
 PREPARE_MARKER = "prepare.json"
 WARM_LINKS = ("task", "model")
