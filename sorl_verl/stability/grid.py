@@ -280,7 +280,7 @@ class RunSpec:
     seed: int
     budget: Budget = field(default_factory=Budget)
     task: str = DEFAULT_TASK
-    arm: Arm | None = None  # None: whole episodes; ``budget`` is then the arm's own (Arm.budget)
+    arm: Arm | None = None  # None: whole episodes; a segment arm's ``budget`` is already rescaled (Arm.budget)
 
     @property
     def name(self) -> str:
