@@ -5,6 +5,7 @@
     python -m sorl_verl.stability run --pressures reuse_8x8 --methods grpo so_grpo --seeds 1 2
     python -m sorl_verl.stability run --task multihop --pressures reuse_8x8   # another task family
     python -m sorl_verl.stability run --dry-run               # list the runs and their status
+    python -m sorl_verl.stability run --task multihop --segment-turns 1 2 --resets sync staggered   # the segment study
     python -m sorl_verl.stability report                      # table and figures of the finished runs
 
 ``make stability ARGS="--quick"`` is ``run`` with those arguments. A second call skips finished
@@ -26,6 +27,10 @@ from sorl_verl.stability.grid import (
     METHODS,
     PRESSURES,
     QUICK,
+    RESETS,
+    SEGMENT_DEFAULT_METHODS,
+    SEGMENT_DEFAULT_PRESSURES,
+    SEGMENT_METHODS,
     Budget,
     build_grid,
     check_task,
@@ -114,6 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-going", action="store_true", help="go on after a failed run (default: stop; the next call resumes it)"
     )
     r.add_argument("--no-report", action="store_true", help="skip the table and figures at the end")
+    s = r.add_argument_group(
+        "segment study (docs/stability.md#the-segment-study)",
+        "arms: whole episodes and segment mode with T turns per segment for each reset schedule; every arm "
+        "trains about the same number of model turns (a T arm runs max(1, L/T) times the steps and validation "
+        "interval)",
+    )
+    s.add_argument(
+        "--segment-turns",
+        nargs="+",
+        type=int,
+        metavar="T",
+        help=f"turns per segment, one arm per T and reset; methods default to {' '.join(SEGMENT_DEFAULT_METHODS)} "
+        f"(those that can: {' '.join(SEGMENT_METHODS)}), pressures to {' '.join(SEGMENT_DEFAULT_PRESSURES)}",
+    )
+    s.add_argument(
+        "--resets",
+        nargs="+",
+        choices=list(RESETS),
+        help=f"reset schedules of the segment arms (default: {' '.join(RESETS)})",
+    )
+    s.add_argument("--no-whole", action="store_true", help="no whole-episode arm (the segment arms only)")
+    s.add_argument(
+        "--episode-turns",
+        type=float,
+        metavar="L",
+        help="model turns a whole episode trains per trajectory, the budget rule's plan (default: the task's "
+        "figure, e.g. 3.5 for multihop)",
+    )
     r.add_argument(
         "--archive",
         type=Path,
@@ -138,6 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _grid(args: argparse.Namespace):
     quick = QUICK if args.quick else {}
+    segments = args.segment_turns is not None
+    if not segments:
+        given = [
+            flag
+            for flag, value in (
+                ("--resets", args.resets),
+                ("--no-whole", args.no_whole),
+                ("--episode-turns", args.episode_turns),
+            )
+            if value not in (None, False)
+        ]
+        if given:
+            raise ValueError(f"{' and '.join(given)} need --segment-turns (the segment study)")
+    else:  # the study's defaults win over --quick's
+        quick = {**quick, "pressures": SEGMENT_DEFAULT_PRESSURES, "methods": SEGMENT_DEFAULT_METHODS}
     budget = Budget(
         steps=args.steps,
         test_freq=args.test_freq,
@@ -153,6 +201,10 @@ def _grid(args: argparse.Namespace):
         seeds=args.seeds or quick.get("seeds", DEFAULT_SEEDS),
         budget=budget,
         tasks=args.task,
+        segment_turns=args.segment_turns or (),
+        resets=args.resets or RESETS,
+        whole=not args.no_whole,
+        episode_turns=args.episode_turns,
     )
 
 
@@ -182,7 +234,8 @@ def _dry_run(out: Path, specs, archive: Path | None = None) -> None:
             status = "finished (archive)"
         elif status == "partial":
             status = f"partial (checkpoint at step {checkpoint_step(run_dir(out, spec))})"
-        print(f"[{i}/{len(specs)}] {spec.name}: {status}")
+        steps = f", {spec.budget.steps} steps, validation every {spec.budget.test_freq}" if spec.arm else ""
+        print(f"[{i}/{len(specs)}] {spec.name}: {status}{steps}")
     pending = [s for s in specs_left if run_status(out, s) != "finished"]
     warm = sorted({(s.task, warm_seed(s.seed, s.budget)) for s in pending})
     warm = [f"{task} seed {seed}" for task, seed in warm if not (warm_dir(out, seed, task) / "prepare.json").is_file()]

@@ -16,12 +16,19 @@ Off-policy pressure (our design; the paper varies the same knobs at a larger sca
 - *learning rate*: a larger actor learning rate moves the policy further per update.
 - *stale rollouts* ``stale_kK``: rollouts from a policy about K steps old, through verl's async
   trainer ``sorl_colocate_async`` (:func:`stale_pressure`).
+
+The segment study adds an *arm* axis (:class:`Arm`, docs/stability.md#the-segment-study): whole
+episodes, or segment mode (docs/segments.md) with ``T`` turns per segment and sync or staggered
+resets. A segment arm trains at most ``T`` model turns of a trajectory per step where a whole
+episode trains about ``L`` (the task's :attr:`~sorl_verl.quickstart.tasks.QuickstartTask.episode_turns`),
+so it gets ``L / T`` times the steps (:meth:`Arm.budget`): every arm trains about the same number
+of turns and validates at about the same trained-turn points.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from sorl_verl.recipes import ALGOS, SORL_CONFIG_OVERRIDE
 
@@ -63,6 +70,11 @@ METHOD_SPECS: dict[str, Method] = {
             overrides=(SORL_CONFIG_OVERRIDE, "+actor_rollout_ref.actor.policy_loss.norm_scope=sequence"),
         ),
         Method("st_ppo", "st_ppo"),
+        # The segment study's methods (Arm): segment mode needs the turn-level critic (turn_gae), so
+        # the whole-episode arm runs it too and the segmenting is the only difference between arms.
+        # PPO is verl's token-level loss on the same estimator, trainer and critic as ST-PPO's.
+        Method("ppo_turn_gae", "st_ppo_turn_gae", overrides=("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",)),
+        Method("st_ppo_turn_gae", "st_ppo_turn_gae"),
     )
 }
 METHODS: tuple[str, ...] = tuple(METHOD_SPECS)
@@ -71,6 +83,13 @@ DEFAULT_METHODS: tuple[str, ...] = ("grpo", "so_grpo", "gspo", "cispo", "ppo", "
 # Critic-free methods: GROUP_SIZE samples per prompt (the recipes set rollout.n for them).
 GROUP_ALGOS = frozenset(a.name for a in ALGOS.values() if a.group)
 GROUP_METHODS = frozenset(m.name for m in METHOD_SPECS.values() if m.algo in GROUP_ALGOS)
+# Methods segment mode can run: a critic and the turn_gae estimator (docs/segments.md).
+SEGMENT_METHODS: tuple[str, ...] = tuple(
+    m.name for m in METHOD_SPECS.values() if ALGOS[m.algo].critic and ALGOS[m.algo].adv_estimator == "turn_gae"
+)
+# the segment study's default methods and pressure (no off-policy pressure: the arm is the variable)
+SEGMENT_DEFAULT_METHODS: tuple[str, ...] = ("ppo_turn_gae", "st_ppo_turn_gae")
+SEGMENT_DEFAULT_PRESSURES: tuple[str, ...] = ("reuse_1x2",)
 DEFAULT_SEEDS: tuple[int, ...] = (1, 2, 3)
 DEFAULT_TASK = "search"
 
@@ -172,6 +191,88 @@ class Budget:
             raise ValueError(f"trajectories ({self.trajectories}) must be a multiple of group_size ({self.group_size})")
 
 
+# segment mode's reset schedules (sorl_verl.agent.segments.RESETS; a test checks they agree: that
+# module imports torch, which the command line does not need)
+RESETS: tuple[str, ...] = ("sync", "staggered")
+WHOLE = "whole"  # the arm of whole episodes (every run outside the segment study)
+
+# A run folder's files of the sweep (sorl_verl.stability.sweep): its settings and launches, and its
+# completion marker. Here so that the report reads them without importing the sweep, which imports it.
+RUN_RECORD = "stability_run.json"
+DONE_MARKER = "stability_done.json"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A segment arm of the segment study: segment mode with ``turns`` model turns per segment and
+    ``resets`` (``sync`` or ``staggered``); whole episodes are no arm (``RunSpec.arm`` None).
+
+    ``episode_turns`` (``L``): the model turns a whole episode trains per trajectory, the plan of
+    the budget rule (:meth:`budget`)."""
+
+    turns: int
+    resets: str
+    episode_turns: float
+
+    def __post_init__(self):
+        if isinstance(self.turns, bool) or not isinstance(self.turns, int) or self.turns < 1:
+            raise ValueError(f"--segment-turns: T must be an integer >= 1, got {self.turns!r}")
+        if self.resets not in RESETS:
+            raise ValueError(f"--resets: unknown reset schedule {self.resets!r}; choose {' or '.join(RESETS)}")
+        if not self.episode_turns > 0:
+            raise ValueError(f"--episode-turns: L must be > 0, got {self.episode_turns!r}")
+
+    @property
+    def name(self) -> str:
+        """``T<turns>-<resets>``: part of the run's name."""
+        return f"T{self.turns}-{self.resets}"
+
+    @property
+    def factor(self) -> float:
+        """Steps of this arm per whole-episode step: ``L / T``, at least 1 (a segment never trains
+        more turns than its episode has)."""
+        return max(1.0, self.episode_turns / self.turns)
+
+    def budget(self, whole: Budget) -> Budget:
+        """The whole-episode budget rescaled to the same trained turns: ``steps`` and ``test_freq``
+        times :attr:`factor` (rounded, at least 1), so every arm trains about ``steps x L`` turns per
+        trajectory slot and validates about as often, at about the same trained-turn points."""
+        return replace(
+            whole,
+            steps=max(1, round(whole.steps * self.factor)),
+            test_freq=max(1, round(whole.test_freq * self.factor)),
+        )
+
+    def overrides(self, pool_size: int, seed: int) -> list[str]:
+        """segment mode's trainer overrides (sorl_verl.agent.segments.segment_overrides): a pool of
+        one step's trajectories, staggered placement seeded by the run's seed."""
+        from sorl_verl.agent.segments import segment_overrides
+
+        return segment_overrides(self.turns, self.resets, pool_size=pool_size, seed=seed)
+
+    def record(self) -> dict:
+        return {"name": self.name, **asdict(self)}
+
+
+def segment_arms(
+    turns: list[int] | tuple[int, ...], resets: list[str] | tuple[str, ...], episode_turns: float
+) -> list[Arm]:
+    """Every (T, reset) pair, T ascending then ``resets`` in the order given."""
+    for name, values in (("--segment-turns", turns), ("--resets", resets)):
+        if not values:
+            raise ValueError(f"{name}: nothing selected")
+        if len(set(values)) != len(values):
+            raise ValueError(f"{name} repeated: {list(values)}")
+    return [Arm(t, r, episode_turns) for t in sorted(turns) for r in resets]
+
+
+def task_episode_turns(task: str) -> float | None:
+    """The task's model turns of a good trajectory (QuickstartTask.episode_turns), None when not given."""
+    from sorl_verl.quickstart.tasks import get_task
+
+    return get_task(task).episode_turns
+
+
 @dataclass(frozen=True)
 class RunSpec:
     pressure: Pressure
@@ -179,13 +280,22 @@ class RunSpec:
     seed: int
     budget: Budget = field(default_factory=Budget)
     task: str = DEFAULT_TASK
+    arm: Arm | None = None  # None: whole episodes; a segment arm's ``budget`` is already rescaled (Arm.budget)
 
     @property
     def name(self) -> str:
         """The run folder's name (also verl's experiment name); the default task's runs keep the name
-        they had before tasks were an axis, so their folders and archived rows stay valid."""
-        base = f"{self.pressure.name}__{self.method}__s{self.seed}"
+        they had before tasks were an axis, and whole-episode runs the name they had before arms were
+        one, so their folders and archived rows stay valid. A segment arm goes before the seed."""
+        base = f"{self.pressure.name}__{self.method}"
+        if self.arm is not None:
+            base += f"__{self.arm.name}"
+        base += f"__s{self.seed}"
         return base if self.task == DEFAULT_TASK else f"{self.task}__{base}"
+
+    @property
+    def arm_name(self) -> str:
+        return WHOLE if self.arm is None else self.arm.name
 
     @property
     def algo(self) -> str:
@@ -246,6 +356,8 @@ class RunSpec:
             "trainer.max_critic_ckpt_to_keep=1",
             *self.pressure.overrides,
             *METHOD_SPECS[self.method].overrides,
+            # after the method's: segment mode replaces the sorl_sync trainer of the turn_gae ALGO
+            *(self.arm.overrides(pool_size=self.budget.trajectories, seed=self.seed) if self.arm else ()),
             *self.budget.overrides,
         ]
 
@@ -261,6 +373,8 @@ class RunSpec:
         }
         if self.task != DEFAULT_TASK:  # the default task's records keep their earlier keys
             record["task"] = self.task
+        if self.arm is not None:  # so do whole-episode runs'
+            record["arm"] = self.arm.record()
         return record
 
 
@@ -310,6 +424,36 @@ def search_loop_tasks() -> tuple[str, ...]:
     return tuple(t for t in task_names() if get_task(t).launcher == "run_demo.sh")
 
 
+_TRAINER_MODE = "trainer.v1.trainer_mode="
+
+
+def check_segments(methods, pressures: list[Pressure], budget: Budget) -> None:
+    """ValueError naming the setting when segment arms cannot run with these methods and pressures."""
+    for method in methods:
+        if method in SEGMENT_METHODS:
+            continue
+        algo = ALGOS[METHOD_SPECS[method].algo]
+        why = (
+            "it is critic-free and needs whole episodes"
+            if not algo.critic
+            else f"its estimator {algo.adv_estimator} takes no bootstrap value for an unfinished segment"
+        )
+        raise ValueError(
+            f"--segment-turns: method {method} cannot run segment arms (segment mode needs a critic and the "
+            f"turn_gae estimator; {why}); methods that can: {' '.join(SEGMENT_METHODS)}"
+        )
+    for pressure in pressures:
+        mode = [o for o in pressure.overrides if o.startswith(_TRAINER_MODE)]
+        if mode:
+            raise ValueError(
+                f"--segment-turns: pressure {pressure.name} runs its own trainer ({mode[0]}), segment arms run "
+                "segment mode's: use a pressure that keeps the trainer (e.g. reuse_1x2)"
+            )
+    mode = [o for o in budget.overrides if o.startswith(_TRAINER_MODE)]
+    if mode:
+        raise ValueError(f"--override {mode[0]}: segment arms set the trainer mode themselves")
+
+
 def build_grid(
     pressures: list[str] | tuple[str, ...] = DEFAULT_PRESSURES,
     methods: list[str] | tuple[str, ...] = DEFAULT_METHODS,
@@ -317,8 +461,18 @@ def build_grid(
     budget: Budget | None = None,
     registry: dict[str, Pressure] | None = None,
     tasks: list[str] | tuple[str, ...] = (DEFAULT_TASK,),
+    segment_turns: list[int] | tuple[int, ...] = (),
+    resets: list[str] | tuple[str, ...] = RESETS,
+    whole: bool = True,
+    episode_turns: float | None = None,
 ) -> list[RunSpec]:
-    """Runs in sweep order: seed, then task, then pressure, then method (a partial sweep covers every cell once)."""
+    """Runs in sweep order: seed, then task, then pressure, then method, then arm (a partial sweep
+    covers every cell once).
+
+    ``segment_turns``: the segment study (:class:`Arm`): whole episodes (unless ``whole`` is False)
+    and an arm per (T, reset) pair, each with the budget rescaled to the same trained turns;
+    ``episode_turns`` is ``L`` (default: each task's ``episode_turns``). Without it, whole episodes only.
+    """
     registry = PRESSURES if registry is None else registry
     budget = budget or Budget()
     unknown = [p for p in pressures if p not in registry]
@@ -334,7 +488,24 @@ def build_grid(
             raise ValueError(f"no {name} selected")
         if len(set(values)) != len(values):
             raise ValueError(f"{name} repeated: {list(values)}")
-    runs = [RunSpec(registry[p], m, s, budget, t) for s in seeds for t in tasks for p in pressures for m in methods]
+    arms: dict[str, list[Arm | None]] = {task: [None] for task in tasks}
+    if segment_turns:
+        check_segments(methods, [registry[p] for p in pressures], budget)
+        for task in tasks:
+            length = episode_turns if episode_turns is not None else task_episode_turns(task)
+            if length is None:
+                raise ValueError(f"--episode-turns: task {task} gives no episode_turns; give --episode-turns L")
+            arms[task] = ([None] if whole else []) + segment_arms(segment_turns, resets, length)
+    elif not whole:
+        raise ValueError("--no-whole: without --segment-turns there is no arm left")
+    runs = [
+        RunSpec(registry[p], m, s, arm.budget(budget) if arm else budget, t, arm)
+        for s in seeds
+        for t in tasks
+        for p in pressures
+        for m in methods
+        for arm in arms[t]
+    ]
     for run in runs:
         run.batch()  # raises for a batch that does not split
     return runs

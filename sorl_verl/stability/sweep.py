@@ -5,7 +5,7 @@ Layout of a sweep folder::
     sweep.json                    the grid of the last call and every run's status
     warm_start/seed-<N>/          task/, model/, prepare.json (python -m sorl_verl.quickstart prepare)
     warm_start/seed-<N>.log       its output (other tasks than search: warm_start/<task>-seed-<N>/)
-    runs/[<task>__]<pressure>__<method>__s<seed>/
+    runs/[<task>__]<pressure>__<method>[__<arm>]__s<seed>/     (arm: T<turns>-<resets>, segment study)
         task -> ../../warm_start/seed-<N>/task      (symlinks: every method starts from one model)
         model -> ../../warm_start/seed-<N>/model
         prepare.json              copy (run_demo.sh's prepare step finds it and skips)
@@ -33,12 +33,10 @@ from pathlib import Path
 
 from sorl_verl.fileio import write_text_atomic
 from sorl_verl.recipes import RECIPE_VARIABLES
-from sorl_verl.stability.grid import DEFAULT_TASK, Budget, RunSpec, prepare_args, warm_seed
+from sorl_verl.stability.grid import DEFAULT_TASK, DONE_MARKER, RUN_RECORD, Budget, RunSpec, prepare_args, warm_seed
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "examples" / "quickstart" / "run_demo.sh"
-RUN_RECORD = "stability_run.json"
-DONE_MARKER = "stability_done.json"
 RUN_LOG = "stability.log"
 PREPARE_MARKER = "prepare.json"
 WARM_LINKS = ("task", "model")
@@ -266,7 +264,8 @@ def write_manifest(sweep_dir: Path, specs: list[RunSpec], args: dict) -> None:
     """``sweep.json``: the grid of this call, every run's settings and status."""
     path = sweep_dir / "sweep.json"
     previous = _read_json(path) if path.is_file() else {}
-    budget = specs[0].budget
+    # a whole-episode run's (a segment arm's steps are rescaled: each run's are listed below)
+    budget = next((s.budget for s in specs if s.arm is None), specs[0].budget)
     manifest = {
         "created": previous.get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -278,6 +277,8 @@ def write_manifest(sweep_dir: Path, specs: list[RunSpec], args: dict) -> None:
             "seeds": list(dict.fromkeys(s.seed for s in specs)),
             "tasks": list(dict.fromkeys(s.task for s in specs)),
             "budget": asdict(budget),
+            # the segment study's arms (their budgets: each run's steps below)
+            **({"arms": list(dict.fromkeys(s.arm_name for s in specs))} if any(s.arm for s in specs) else {}),
         },
         "runs": [
             {
@@ -286,6 +287,7 @@ def write_manifest(sweep_dir: Path, specs: list[RunSpec], args: dict) -> None:
                 "pressure": s.pressure.name,
                 "method": s.method,
                 "seed": s.seed,
+                **({"arm": s.arm_name, "steps": s.budget.steps} if s.arm else {}),
                 "status": run_status(sweep_dir, s),
             }
             for s in specs
@@ -338,7 +340,8 @@ def run_sweep(
     total = len(specs)
     for i, spec in enumerate(specs, start=1):
         folder = run_dir(sweep_dir, spec)
-        head = f"[{i}/{total}] {spec.task} {spec.pressure.name} {spec.method} seed {spec.seed}"
+        arm = f" {spec.arm.name}" if spec.arm else ""
+        head = f"[{i}/{total}] {spec.task} {spec.pressure.name} {spec.method}{arm} seed {spec.seed}"
         if run_status(sweep_dir, spec) == "finished":
             outcomes.append(Outcome(spec.name, "skipped", detail="finished earlier"))
             log(f"{head}: finished earlier, skipped")

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from sorl_verl.stability.analysis import archived_results, area_under_curve, is_collapsed, load_results, write_report
+from sorl_verl.stability.analysis import (
+    ArchiveError,
+    archived_results,
+    area_under_curve,
+    is_collapsed,
+    load_results,
+    write_report,
+)
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
 from sorl_verl.stability.sweep import (
@@ -33,6 +40,8 @@ LOSS = {
     "so_grpo": ("so_ppo", "grpo"),
     "ppo": ("vanilla", "gae"),
     "st_ppo": ("st_ppo", "gae"),
+    "ppo_turn_gae": ("vanilla", "turn_gae"),
+    "st_ppo_turn_gae": ("st_ppo", "turn_gae"),
 }
 
 
@@ -572,3 +581,317 @@ def test_report_across_tasks_in_the_papers_layout(tmp_path):
                              for line in archive.read_text().splitlines()) + "\n")  # fmt: skip
     assert {r.task for r in archived_results(old)} == {"search"}
     assert [r.task for r in archived_results(archive)] == ["search", "search", "multihop", "multihop"]
+
+
+# ---------------------------------------------------------------- the segment study
+
+# The records of every run of the grid as the code made them before the segment study (sha256 of their
+# JSON, sorted keys): a run folder's record must match the requested one to be resumed, and an
+# archive matches runs by name, so whole-episode runs must keep both exactly.
+PRE_STUDY_METHODS = ["grpo", "so_grpo", "gspo", "cispo", "ppo", "turn_ppo", "s_ppo", "s_ppo+absolute",
+                     "s_ppo+sequence", "st_ppo"]  # fmt: skip
+PRE_STUDY_DIGESTS = {
+    "default": ("653f20102f5927651366f9554582ef8cd895b9b9f2be4d49899b6393155cf9c1", 144),
+    "every task, pressure, method": ("638da59d106ecaa45045170965514262b1d173c2f93b4feb06edc84374c730c1", 540),
+    "a custom budget": ("faa191a79b7374d1b60170ce897747bdafdf930f847c66ef66b3b933055cec69", 4),
+}
+
+
+def _digest(runs):
+    import hashlib
+
+    return hashlib.sha256(json.dumps([r.record() for r in runs], sort_keys=True).encode()).hexdigest(), len(runs)
+
+
+def test_whole_episode_runs_keep_their_names_and_records():
+    from sorl_verl.stability.grid import search_loop_tasks
+
+    custom = Budget(steps=7, test_freq=3, trajectories=16, prepare_args=("--n-val", "16"), env=(("DEMO_MIX", "0.5"),),
+                    overrides=("trainer.x=1",))  # fmt: skip
+    grids = {
+        "default": build_grid(),
+        "every task, pressure, method": build_grid(
+            pressures=list(PRESSURES), methods=PRE_STUDY_METHODS, tasks=list(search_loop_tasks())
+        ),
+        "a custom budget": build_grid(
+            pressures=["reuse_1x2"], methods=["ppo", "st_ppo"], seeds=[1, 2], tasks=["multihop"], budget=custom
+        ),
+    }
+    for what, runs in grids.items():
+        assert _digest(runs) == PRE_STUDY_DIGESTS[what], what
+        assert all(r.arm is None and r.arm_name == "whole" and "arm" not in r.record() for r in runs)
+    # the study's whole arm is an ordinary run of its method: same name, record and budget
+    study = build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae"], seeds=[1], tasks=["multihop"],
+                       segment_turns=[1])  # fmt: skip
+    plain = build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae"], seeds=[1], tasks=["multihop"])
+    assert study[0].record() == plain[0].record() and study[0].name == "multihop__reuse_1x2__ppo_turn_gae__s1"
+
+
+def test_resets_agree_with_segment_mode():
+    from sorl_verl.agent.segments import RESETS as SEGMENT_RESETS
+    from sorl_verl.stability.grid import RESETS
+
+    assert RESETS == SEGMENT_RESETS
+
+
+def test_segment_study_arms_names_and_trainer_overrides():
+    runs = build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae", "st_ppo_turn_gae"], seeds=[1, 2],
+                      tasks=["multihop"], segment_turns=[2, 1], resets=["sync", "staggered"])  # fmt: skip
+    assert [r.arm_name for r in runs[:5]] == ["whole", "T1-sync", "T1-staggered", "T2-sync", "T2-staggered"]
+    assert len(runs) == 2 * 2 * 5 and [r.seed for r in runs] == [1] * 10 + [2] * 10  # seed-major
+    t1 = runs[2]
+    assert t1.name == "multihop__reuse_1x2__ppo_turn_gae__T1-staggered__s1"
+    assert len({r.name for r in runs}) == len(runs)
+    overrides = t1.overrides()
+    segment = [
+        "trainer.v1.trainer_mode=sorl_segment",
+        "+trainer.v1.segment.turns=1",
+        "+trainer.v1.segment.resets=staggered",
+        "+trainer.v1.segment.pool_size=64",  # the step's trajectories: every episode advances every step
+        "+trainer.v1.segment.seed=1",
+    ]
+    assert overrides[-len(segment) :] == segment
+    # after the method's own: the loss is PPO's, the trainer segment mode's (the ALGO's sorl_sync is replaced)
+    assert overrides.index("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla") < overrides.index(segment[0])
+    assert t1.algo == "st_ppo_turn_gae" and runs[0].algo == "st_ppo_turn_gae"  # turn_gae + critic + sorl_sync
+    assert not any(o.startswith("trainer.v1.trainer_mode") for o in runs[0].overrides())  # whole: the ALGO's trainer
+    assert t1.batch() == (64, 32, 32)  # a critic method: 64 prompts x 1 sample, as segment mode needs
+    assert runs[10 + 4].overrides()[-1] == "+trainer.v1.segment.seed=2"
+    record = t1.record()
+    assert record["arm"] == {"name": "T1-staggered", "turns": 1, "resets": "staggered", "episode_turns": 3.5}
+    assert record["task"] == "multihop" and record["name"] == t1.name
+    # the user's overrides still come last
+    (spec,) = build_grid(pressures=["reuse_1x2"], methods=["st_ppo_turn_gae"], seeds=[1], tasks=["multihop"],
+                         segment_turns=[1], resets=["sync"], whole=False, budget=Budget(overrides=("a.b=1",)))  # fmt: skip
+    assert spec.overrides()[-1] == "a.b=1" and spec.arm_name == "T1-sync"
+
+
+def test_budget_rule_same_trained_turns_for_every_arm():
+    budget = Budget(steps=20, test_freq=5)
+    runs = build_grid(pressures=["reuse_1x2"], methods=["st_ppo_turn_gae"], seeds=[1], tasks=["multihop"],
+                      segment_turns=[1, 2, 4], resets=["sync"], budget=budget)  # fmt: skip
+    steps = {r.arm_name: (r.budget.steps, r.budget.test_freq) for r in runs}
+    # multihop: L = 3.5 model turns (2 or 3 hops, then the answer); a T arm runs L/T times the steps
+    assert steps == {"whole": (20, 5), "T1-sync": (70, 18), "T2-sync": (35, 9), "T4-sync": (20, 5)}  # T > L: x1
+    for run in runs:
+        env = run.env()
+        assert env["STEPS"] == str(run.budget.steps) and env["TEST_FREQ"] == env["SAVE_FREQ"] == str(
+            run.budget.test_freq
+        )
+        validations = run.budget.steps // run.budget.test_freq + (run.budget.steps % run.budget.test_freq > 0)
+        assert validations == 4  # the same number of validations (verl validates at the last step too)
+    # planned trained turns per trajectory slot: within a step of each other
+    planned = {r.arm_name: r.budget.steps * min(r.arm.turns, 3.5) if r.arm else 20 * 3.5 for r in runs}
+    assert max(planned.values()) - min(planned.values()) <= 3.5
+    # --episode-turns wins over the task's figure; search's own is 2
+    (t1,) = build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae"], seeds=[1], segment_turns=[1],
+                       resets=["sync"], whole=False, budget=budget, episode_turns=3)  # fmt: skip
+    assert (t1.budget.steps, t1.budget.test_freq) == (60, 15)
+    (t1,) = build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae"], seeds=[1], segment_turns=[1],
+                       resets=["sync"], whole=False, budget=budget)  # fmt: skip
+    assert t1.budget.steps == 40 and t1.name == "reuse_1x2__ppo_turn_gae__T1-sync__s1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--segment-turns", "0"], "--segment-turns: T must be an integer >= 1, got 0"),
+        (["--segment-turns", "1", "--methods", "grpo"], "method grpo cannot run segment arms.*critic-free"),
+        (["--segment-turns", "1", "--methods", "so_grpo"], "method so_grpo cannot run segment arms"),
+        (["--segment-turns", "1", "--methods", "ppo"], "method ppo cannot run segment arms.*estimator gae"),
+        (["--segment-turns", "1", "--methods", "st_ppo"], "method st_ppo cannot run segment arms"),
+        (["--segment-turns", "1", "--pressures", "stale_k2"], "pressure stale_k2 runs its own trainer"),
+        (["--segment-turns", "1", "--override", "trainer.v1.trainer_mode=sync"], "--override trainer.v1.trainer_mode"),
+        (["--segment-turns", "1", "1"], "--segment-turns repeated"),
+        (["--segment-turns", "1", "--episode-turns", "0"], "--episode-turns: L must be > 0"),
+        (["--resets", "sync"], "--resets need --segment-turns"),
+        (["--no-whole"], "--no-whole need --segment-turns"),
+        (
+            ["--segment-turns", "1", "--resets", "sync", "--trajectories", "3", "--group-size", "1"],
+            "do not split into 2 mini-batches",
+        ),
+    ],
+)
+def test_segment_study_refusals_exit_2_naming_the_setting(tmp_path, capsys, argv, message):
+    import re
+
+    out = tmp_path / "sweep"
+    assert main(["run", "--out", str(out), "--task", "multihop", *argv, "--dry-run"]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_an_unknown_reset_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--out", str(tmp_path), "--segment-turns", "1", "--resets", "random", "--dry-run"])
+    assert e.value.code == 2 and "--resets: invalid choice: 'random'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--resets: unknown reset schedule 'random'"):
+        build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae"], segment_turns=[1], resets=["random"])
+
+
+def test_segment_study_dry_run_defaults_to_its_methods_and_pressure(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path / "s"), "--task", "multihop", "--segment-turns", "1", "2",
+                 "--seeds", "1", "--dry-run"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "[1/10] multihop__reuse_1x2__ppo_turn_gae__s1: new\n" in text
+    assert "[2/10] multihop__reuse_1x2__ppo_turn_gae__T1-sync__s1: new, 70 steps, validation every 18" in text
+    assert "[10/10] multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s1: new, 35 steps" in text
+    assert "+trainer.v1.segment" not in text  # the first pending run is the whole arm
+
+
+def _segment_metrics(spec: RunSpec, step: int) -> dict:
+    """What the trainer logs at a training step of ``spec``: turn counts, step time, the segment metrics."""
+    if spec.arm is None:  # whole episodes of 3 model turns: verl counts 1 + 3 + 2 observations
+        data = {"num_turns/mean": 6.0, "training/num_turns/mean": 6.0, "timing_s/step": 9.0}
+    else:
+        data = {
+            "rollout/segment_turns_mean": float(spec.arm.turns),
+            "rollout/turn_position_std": 0.5 if spec.arm.resets == "sync" else 1.0,
+            "num_turns/mean": 7.0,  # the whole trajectory so far: not what the segment trained
+            "timing_s/step": 6.0 * spec.arm.turns,
+        }
+    if spec.method.startswith("st_ppo"):
+        data["actor/sorl/norm_scale"] = 0.8
+        if spec.arm is None:  # the SORL losses count the trained rows' model-token runs: exact, preferred
+            data["actor/sorl/turns_per_seq"] = 2.5
+    return data
+
+
+def write_study_run(folder: Path, spec: RunSpec, curve: dict[int, float]) -> None:
+    write_fake_run(folder, spec, curve, sorl=spec.method.startswith("st_ppo"))
+    metrics = folder / "metrics-0000.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for line in lines:
+        if line["step"]:
+            line["data"].update(_segment_metrics(spec, line["step"]))
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def study_grid(budget=None, **kw):
+    return build_grid(pressures=["reuse_1x2"], methods=["ppo_turn_gae", "st_ppo_turn_gae"], seeds=[1, 2],
+                      tasks=["multihop"], segment_turns=[1], resets=["sync", "staggered"],
+                      budget=budget or Budget(steps=2, test_freq=1, trajectories=8), **kw)  # fmt: skip
+
+
+def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tmp_path):
+    specs = study_grid()
+    for seed in (1, 2):
+        warm_start(tmp_path, seed, "multihop")
+
+    def launcher(spec, folder):
+        steps = {*range(0, spec.budget.steps + 1, spec.budget.test_freq), spec.budget.steps}  # verl: the last too
+        write_study_run(folder, spec, {s: 0.1 + 0.01 * s + 0.01 * spec.seed for s in steps})
+        return 0
+
+    outcomes = run_sweep(tmp_path, specs, launch=launcher, log=quiet)
+    assert [o.status for o in outcomes] == ["finished"] * 12
+    assert {s.budget.steps for s in specs} == {2, 7}  # L = 3.5: a T1 arm runs 3.5x the steps
+    info = write_report(tmp_path)
+    assert {"segments.md", "segments.png"} <= set(info["written"])
+    data = (tmp_path / "segments.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+    results, _ = load_results(tmp_path)
+    by_name = {r.name: r for r in results}
+    whole = by_name["multihop__reuse_1x2__ppo_turn_gae__s1"]
+    # 8 trajectories x 3 model turns (verl's num_turns 6 / 2) per step, cumulated at the validation steps
+    assert whole.arm == "whole" and whole.steps == [0, 1, 2] and whole.curve_turns == [0.0, 24.0, 48.0]
+    assert whole.curve_wall == [0.0, 9.0, 18.0] and whole.turn_position_std is None
+    assert by_name["multihop__reuse_1x2__st_ppo_turn_gae__s1"].curve_turns == [0.0, 20.0, 40.0]  # 8 x 2.5
+    seg = by_name["multihop__reuse_1x2__st_ppo_turn_gae__T1-staggered__s2"]
+    # the segment's trained turns, not verl's count of the whole trajectory
+    assert seg.arm == "T1-staggered" and seg.steps == [0, 4, 7] and seg.curve_turns == [0.0, 32.0, 56.0]
+    assert seg.turns_per_row == 1.0 and seg.turn_position_std == 1.0 and seg.correction_scale == pytest.approx(0.8)
+    assert seg.curve_wall == [0.0, 24.0, 42.0]
+
+    table = (tmp_path / "segments.md").read_text()
+    rows = {
+        tuple(c.strip() for c in line.split("|")[3:5]): line for line in table.splitlines() if "| multihop |" in line
+    }
+    assert list(rows) == [
+        (m, a) for m in ("PPO (turn-GAE)", "ST-PPO (turn-GAE)") for a in ("whole", "T1-sync", "T1-staggered")
+    ]
+    cells = rows[("ST-PPO (turn-GAE)", "T1-staggered")].split(" | ")
+    assert cells[4:9] == ["2", "7", "0.185 ± 0.007", "0.185 ± 0.007", "56 ± 0"]  # seeds, steps, final, peak, turns
+    assert cells[9:] == ["1.00 ± 0.00", "0.7 ± 0.0", "1.000 ± 0.000", "0.100 ± 0.000", "0.800 ± 0.000 |"]
+    whole_row = rows[("PPO (turn-GAE)", "whole")].split(" | ")
+    assert whole_row[8:12] == ["48 ± 0", "3.00 ± 0.00", "0.3 ± 0.0", "-"] and whole_row[-1] == "- |"
+    assert "max(1, L/T)" in table  # the budget rule is stated
+    # the benchmark's table keeps the arms apart; its figures draw the whole episodes
+    main_table = (tmp_path / "stability.md").read_text()
+    assert "| ST-PPO (turn-GAE) [T1-sync] | 2 |" in main_table and "| ST-PPO (turn-GAE) | 2 |" in main_table
+    assert {"validation.png", "diagnostics.png"} <= set(info["written"])
+
+    # the archive keeps the study: trailing columns, read back as written
+    archive = tmp_path / "stability_runs.csv"
+    header = archive.read_text().splitlines()[0].split(",")
+    assert header[-6:] == ["arm", "turns_per_row", "turn_position_std", "correction_scale", "curve_turns", "curve_wall"]
+    archived = {r.name: r for r in archived_results(archive)}
+    again = archived[seg.name]
+    assert (again.arm, again.curve_turns, again.curve_wall) == ("T1-staggered", [0.0, 32.0, 56.0], [0.0, 24.0, 42.0])
+    assert (again.turns_per_row, again.turn_position_std, again.correction_scale) == (1.0, 1.0, pytest.approx(0.8))
+    assert archived[whole.name].arm == "whole" and archived[whole.name].turn_position_std is None
+
+    # a fresh folder with the archive only: the study's table and figure come back from it
+    fresh = tmp_path / "fresh"
+    (fresh / "runs").mkdir(parents=True)
+    info = write_report(fresh, [archive])
+    assert "segments.md" in info["written"]
+    assert (fresh / "segments.md").read_text().splitlines()[4:] == table.splitlines()[4:]
+
+
+def test_old_archives_read_as_whole_episode_runs(tmp_path):
+    committed = Path(__file__).resolve().parents[2] / "docs" / "figures" / "stability" / "stability_runs.csv"
+    results = archived_results(committed)
+    assert len(results) == 42
+    assert all(r.arm == "whole" and r.curve_turns is None and r.curve_wall is None for r in results)
+    assert all(r.turn_position_std is None and r.correction_scale is None for r in results)
+    # reported and written back: the same rows, the new columns trailing and empty but for the arm
+    (tmp_path / "runs").mkdir()
+    info = write_report(tmp_path, [committed])
+    assert "segments.md" not in info["written"] and not (tmp_path / "segments.png").exists()
+    old = list(csv.DictReader(io.StringIO(committed.read_text())))
+    new = list(csv.DictReader(io.StringIO((tmp_path / "stability_runs.csv").read_text())))
+    assert [{k: row[k] for k in old[0]} for row in new] == old
+    assert {(r["arm"], r["curve_turns"], r["turn_position_std"]) for r in new} == {("whole", "", "")}
+
+
+def test_a_bad_measured_curve_in_the_archive_is_named(tmp_path):
+    specs = study_grid(budget=Budget(steps=1, test_freq=1, trajectories=8), whole=False)[:1]
+    warm_start(tmp_path, 1, "multihop")
+    run_sweep(tmp_path, specs, launch=lambda s, f: write_study_run(f, s, {0: 0.1, 2: 0.2, 4: 0.3}) or 0, log=quiet)
+    write_report(tmp_path)
+    archive = tmp_path / "stability_runs.csv"
+    text = archive.read_text()
+    assert "0:0.0 2:16.0 4:32.0" in text
+    archive.write_text(text.replace("0:0.0 2:16.0 4:32.0", "0:0.0 3:16.0 4:32.0"))
+    with pytest.raises(ArchiveError, match=r"row 2, field 'curve_turns': its steps \[0, 3, 4\] are not the curve's"):
+        archived_results(archive)
+
+
+def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys):
+    """examples/stability/segments.sh, with a stand-in PYTHON that records its calls; each call is then
+    checked by the real command line (as a dry run)."""
+    import shlex
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / "segments.sh"
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {shlex.quote(str(calls))}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "SEEDS": "1 2"}
+    subprocess.run(["bash", str(script), str(tmp_path / "sweep")], env=env, check=True)
+    lines = [shlex.split(line) for line in calls.read_text().splitlines()]
+    assert [line[:3] for line in lines] == [["-m", "sorl_verl.stability", "run"]] * 2 + [
+        ["-m", "sorl_verl.stability", "report"]
+    ]
+    archive = "docs/figures/segments/stability_runs.csv"
+    assert lines[2][3:] == ["--out", str(tmp_path / "sweep"), "--archive", archive]
+    for seed, line in zip((1, 2), lines[:2], strict=True):
+        argv = line[2:]
+        assert argv[argv.index("--seeds") + 1] == str(seed) and argv[argv.index("--archive") + 1] == archive
+        argv[argv.index("--archive") : argv.index("--archive") + 2] = []
+        assert main([*argv, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "10 of 10 runs left" in out and f"multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s{seed}" in out

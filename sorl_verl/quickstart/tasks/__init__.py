@@ -86,6 +86,10 @@ class QuickstartTask:
         options: the task's own command-line options.
         launcher: the script under ``examples/quickstart/`` that runs the demo.
         defaults: the launcher's variables for this task (``NAME -> value``), used when not set.
+        episode_turns: model turns of a good trajectory, averaged over the task's kinds of question
+            (from how the task builds its questions, not measured). The stability benchmark's segment
+            study (:mod:`sorl_verl.stability`) plans its budget of trained turns with it; ``None``:
+            not given (the study then needs ``--episode-turns``).
     """
 
     name: str
@@ -97,6 +101,7 @@ class QuickstartTask:
     options: tuple[Option, ...] = ()
     launcher: str = "run_demo.sh"
     defaults: dict[str, str] = field(default_factory=dict)
+    episode_turns: float | None = None
 
     @property
     def launcher_path(self) -> Path:

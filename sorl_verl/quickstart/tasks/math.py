@@ -34,4 +34,5 @@ TASK = QuickstartTask(
     ),
     # run_math_demo.sh sets its own variables (its recipe is examples/math/train.sh)
     launcher="run_math_demo.sh",
+    episode_turns=1.0,  # single turn
 )

@@ -269,4 +269,6 @@ TASK = QuickstartTask(
         "MAX_RESPONSE_LENGTH": "192",
         "DEMO_MIX": "0.7",
     },
+    # a search per fact, then the answer
+    episode_turns=sum(facts + 1 for facts in FACTS) / len(FACTS),
 )

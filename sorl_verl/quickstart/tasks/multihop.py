@@ -259,4 +259,6 @@ TASK = QuickstartTask(
         "MAX_RESPONSE_LENGTH": "256",
         "DEMO_MIX": "0.7",
     },
+    # a search per hop, then the answer (hops drawn uniformly from HOPS)
+    episode_turns=sum(hops + 1 for hops in HOPS) / len(HOPS),
 )

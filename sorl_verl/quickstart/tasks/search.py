@@ -41,4 +41,5 @@ TASK = QuickstartTask(
         "MAX_RESPONSE_LENGTH": "160",
         "DEMO_MIX": "0.7",
     },
+    episode_turns=2.0,  # one search, then the answer
 )
