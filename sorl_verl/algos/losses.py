@@ -188,7 +188,9 @@ def sorl_policy_loss(
 
     # 3. Clipping-bias correction: which tokens lost their gradient, and the row scale if any.
     clip = _clip_masks(ratio.detach(), adv, lower, upper, mask)
-    row_scale, scale_metrics = _correction(ratio.detach(), adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts)
+    row_scale, scale_metrics = _correction(
+        ratio.detach(), adv, rollout_w, clip, mask, loss_agg_mode, global_batch_info, opts
+    )
 
     # 4. The surrogate, aggregated by verl: -A * clip(w) (* rollout weight) (* row scale).
     with torch.no_grad():

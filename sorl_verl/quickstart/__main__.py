@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("prepare", help="steps 1-2: task (and index), tiny model, SFT warm start (skipped if done)")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--task", default=DEFAULT_TASK, help=f"the quick start's task: {', '.join(names)} (default: {DEFAULT_TASK})")
+    p.add_argument(
+        "--task", default=DEFAULT_TASK, help=f"the quick start's task: {', '.join(names)} (default: {DEFAULT_TASK})"
+    )
     for split in ("sft", "train", "val"):
         p.add_argument(f"--n-{split}", type=int, help=f"number of {split} facts (math: problems)")
     p.add_argument("--seed", type=int)

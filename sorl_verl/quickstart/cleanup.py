@@ -78,7 +78,9 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def launch_processes(ray_tmpdir: str | None, launcher_pid: int | None = None, exclude: set[int] = frozenset()) -> list[int]:
+def launch_processes(
+    ray_tmpdir: str | None, launcher_pid: int | None = None, exclude: set[int] = frozenset()
+) -> list[int]:
     """Pids of the launch: descendants of ``launcher_pid`` and holders of ``RAY_TMPDIR=ray_tmpdir``."""
     found: set[int] = set()
     if launcher_pid is not None:

@@ -56,7 +56,16 @@ from data_prep._common import make_row
 from sorl_verl.fileio import write_text_atomic
 
 # The tags of the Search-R1 format (made single tokens of the tiny tokenizer).
-SEARCH_R1_TAGS = ("<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>")
+SEARCH_R1_TAGS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<answer>",
+    "</answer>",
+)
 
 # Our short version of Search-R1's instruction: the original (about 100 words) would be
 # most of every sequence for a tiny model; the protocol it states is the same.
@@ -304,7 +313,9 @@ def plan_demonstrations(n: int, guess_fraction: float, seed: int) -> list[str]:
         raise ValueError(f"guess_fraction must be in [0, 1], got {guess_fraction}")
     n_guess = round(min(guess_fraction, 1.0 - MIN_SEARCHING_SHARE) * n)
     n_search = n - n_guess
-    n_taught = n_search if guess_fraction == 0 else min(n_search, round(n_guess * (1 - guess_fraction) / guess_fraction))
+    n_taught = (
+        n_search if guess_fraction == 0 else min(n_search, round(n_guess * (1 - guess_fraction) / guess_fraction))
+    )
     kinds = [GUESS] * n_guess + [SEARCH] * n_taught + [SEARCH_UNTAUGHT_CHOICE] * (n_search - n_taught)
     random.Random(seed).shuffle(kinds)
     return kinds
@@ -313,4 +324,3 @@ def plan_demonstrations(n: int, guess_fraction: float, seed: int) -> list[str]:
 def write_facts(facts: list[Fact], path: Path) -> None:
     """``facts`` as JSON lines (one :class:`Fact` each), written atomically."""
     write_text_atomic(path, "".join(json.dumps(asdict(f)) + "\n" for f in facts))
-

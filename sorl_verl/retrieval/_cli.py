@@ -31,7 +31,12 @@ def float_in(low: float, high: float | None = None, low_open: bool = False):
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value > high):
+        if (
+            not math.isfinite(value)
+            or value < low
+            or (low_open and value == low)
+            or (high is not None and value > high)
+        ):
             lower = f"> {low:g}" if low_open else f">= {low:g}"
             bound = f"{lower} and <= {high:g}" if high is not None else lower
             raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")

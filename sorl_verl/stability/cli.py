@@ -249,7 +249,8 @@ def _dry_run(out: Path, specs, archive: Path | None = None) -> None:
 
 
 def _report(out: Path, archives: list[Path] | tuple[Path, ...] = ()) -> int:
-    from sorl_verl.stability.analysis import ArchiveError, write_report
+    from sorl_verl.stability.analysis import ArchiveError
+    from sorl_verl.stability.report import write_report
 
     if not (out / "runs").is_dir():
         print(

@@ -422,7 +422,7 @@ def archived_names(archive: Path | None) -> set[str]:
 
 def update_archive(sweep_dir: Path, archive: Path) -> None:
     """Merge the sweep folder's finished runs into ``archive`` (rewritten atomically; its other rows kept)."""
-    from sorl_verl.stability.analysis import write_report
+    from sorl_verl.stability.report import write_report
 
     archive = Path(archive)
     write_report(sweep_dir, [archive] if archive.is_file() else [])

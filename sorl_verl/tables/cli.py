@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="best",
         help="validation step per run: 'best' = highest mean over the run's datasets, 'last' = last (default: best)",
     )
-    p.add_argument("--digits", type=int, default=3, help="decimals in markdown/latex (default 3; csv keeps full precision)")
+    p.add_argument(
+        "--digits", type=int, default=3, help="decimals in markdown/latex (default 3; csv keeps full precision)"
+    )
     p.add_argument("--out", type=Path, help="write the table here instead of stdout")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="also write validation and stability curves")
     return p

@@ -69,7 +69,9 @@ def _normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-_ALIASES = {alias: (group, key, title) for group, cols in DATASET_GROUPS for key, title, aliases in cols for alias in aliases}
+_ALIASES = {
+    alias: (group, key, title) for group, cols in DATASET_GROUPS for key, title, aliases in cols for alias in aliases
+}
 _ORDER = {key: i for i, key in enumerate(key for _, cols in DATASET_GROUPS for key, *_ in cols)}
 
 

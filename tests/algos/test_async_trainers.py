@@ -32,7 +32,6 @@ def test_trainer_mode_answers_verls_mode_name():
         trainer.trainer_mode = "sync"
 
 
-
 def test_sorl_sync_runs_as_verls_sync_mode():
     """Under its registered name verl would pick its asynchronous replay buffer for sorl_sync."""
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync

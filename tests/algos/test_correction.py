@@ -120,7 +120,9 @@ def test_extreme_log_ratios_give_a_finite_batch_scale(log_ratio):
     features, old, advantages, mask, _ = problem()
     theta = torch.zeros(FEATURES, dtype=torch.float64, requires_grad=True)
     shifted = old - log_ratio  # log_prob = old_shifted + log_ratio
-    grad, result = update(theta, list(range(ROWS)), 2, config(tokens=int(mask.sum())), features, shifted, advantages, mask)
+    grad, result = update(
+        theta, list(range(ROWS)), 2, config(tokens=int(mask.sum())), features, shifted, advantages, mask
+    )
     assert torch.isfinite(grad).all() and all(math.isfinite(v) for k, v in result.items() if k != "norm_scale")
     assert 0.0 <= result["norm_scale"] <= 1.0
 
@@ -129,7 +131,9 @@ def test_extreme_log_ratios_give_a_finite_batch_scale(log_ratio):
 def test_batch_update_equals_slow_reference(micro_batches):
     features, old, advantages, mask, theta0 = problem()
     theta = theta0.clone().requires_grad_(True)
-    grad, result = update(theta, list(range(ROWS)), micro_batches, config(tokens=int(mask.sum())), features, old, advantages, mask)
+    grad, result = update(
+        theta, list(range(ROWS)), micro_batches, config(tokens=int(mask.sum())), features, old, advantages, mask
+    )
     ref_grad, ref_scale, c_tok, g_tok = slow_reference(features, old, advantages, mask, theta0)
     assert 0.0 < ref_scale < 1.0  # the problem clips enough for the scale to act
     assert result["norm_scale"] == pytest.approx(ref_scale, rel=1e-9)
@@ -206,7 +210,9 @@ _LAUNCH = (
 def test_two_gloo_ranks_give_the_single_rank_update(tmp_path):
     features, old, advantages, mask, theta0 = problem()
     theta = theta0.clone().requires_grad_(True)
-    single, single_result = update(theta, list(range(ROWS)), 4, config(tokens=int(mask.sum())), features, old, advantages, mask)
+    single, single_result = update(
+        theta, list(range(ROWS)), 4, config(tokens=int(mask.sum())), features, old, advantages, mask
+    )
     assert single_result["norm_scale"] < 1.0
     port = str(_free_port())
     procs = [
@@ -279,7 +285,9 @@ def test_verl_engine_train_batch_carries_the_hook():
 
     def loss_function(part):
         log_prob = old[part] + features[part] @ engine.theta
-        return sorl_policy_loss(old[part], log_prob, advantages[part], mask[part], "token-mean", cfg, loss_name="st_ppo")[0]
+        return sorl_policy_loss(
+            old[part], log_prob, advantages[part], mask[part], "token-mean", cfg, loss_name="st_ppo"
+        )[0]
 
     ref_grad, ref_scale, _, _ = slow_reference(features, old, advantages, mask, theta0)
     for micro_batches in (1, 4):

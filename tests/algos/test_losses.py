@@ -32,9 +32,7 @@ def actor_config(loss_mode="st_ppo", global_batch_info=None, clip_ratio_c=3.0, *
     )
 
 
-def options(
-    ratio_level="turn", normalization="relative", norm_scope="sequence", kappa=0.1, clip_ratio_c=3.0, tau=0.1
-):
+def options(ratio_level="turn", normalization="relative", norm_scope="sequence", kappa=0.1, clip_ratio_c=3.0, tau=0.1):
     return SorlLossOptions(
         ratio_level=ratio_level,
         normalization=normalization,
@@ -540,6 +538,7 @@ def test_rollout_correction_weights_apply_as_in_vanilla():
     ours = with_weights("s_ppo", actor_config("s_ppo", normalization="none"))
     assert torch.isclose(ours[0].double(), vanilla[0], rtol=1e-9)
     assert torch.allclose(ours[1], vanilla[1], rtol=1e-9, atol=1e-12)
+
     # The weights also enter the norms: doubling every weight doubles both norms.
     def norms():
         with batch_correction() as corr:

@@ -23,19 +23,34 @@ def run_qa(tmp_path, content: bytes | str, output=None):
     return path, run_cli(search_qa.main, ["--input", f"nq={path}", "--split", "test", "--output", str(output)])
 
 
-@pytest.mark.parametrize("content, message", [
-    (GOOD_QA.encode() + b'{"question": "q\xff"}\n', "line 2: not valid UTF-8 (byte 0xff)"),
-    ("[" * 5000 + "]" * 5000, "line 1: malformed JSON (nested too deeply)"),
-    ('{"question": ' + "9" * 5000 + "}", "line 1: malformed JSON"),
-    ('{"question": "q\\ud800", "golden_answers": ["a"]}', "line 1: field 'question': contains a lone surrogate"),
-    ('{"question": "q", "golden_answers": ["\\udfff"]}', "line 1: field 'golden_answers[0]': contains a lone surrogate"),
-    ('{"question": "q", "golden_answers": [true]}', "line 1: field 'golden_answers[0]': expected a non-empty string answer, got bool"),
-    ('{"question": "q", "golden_answers": [NaN]}', "line 1: field 'golden_answers[0]': expected a non-empty string answer, got float"),
-    ('{"question": "q", "answer": ["a", 3]}', "line 1: field 'answer[1]': expected a non-empty string answer, got int"),
-    (GOOD_QA + '{"question": "q", "golden_answers": [" "]}', "line 2: field 'golden_answers[0]': empty answer"),
-    ("", "no records (the input is empty)"),
-    ("\n\n  \n", "no records (the input is empty)"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (GOOD_QA.encode() + b'{"question": "q\xff"}\n', "line 2: not valid UTF-8 (byte 0xff)"),
+        ("[" * 5000 + "]" * 5000, "line 1: malformed JSON (nested too deeply)"),
+        ('{"question": ' + "9" * 5000 + "}", "line 1: malformed JSON"),
+        ('{"question": "q\\ud800", "golden_answers": ["a"]}', "line 1: field 'question': contains a lone surrogate"),
+        (
+            '{"question": "q", "golden_answers": ["\\udfff"]}',
+            "line 1: field 'golden_answers[0]': contains a lone surrogate",
+        ),
+        (
+            '{"question": "q", "golden_answers": [true]}',
+            "line 1: field 'golden_answers[0]': expected a non-empty string answer, got bool",
+        ),
+        (
+            '{"question": "q", "golden_answers": [NaN]}',
+            "line 1: field 'golden_answers[0]': expected a non-empty string answer, got float",
+        ),
+        (
+            '{"question": "q", "answer": ["a", 3]}',
+            "line 1: field 'answer[1]': expected a non-empty string answer, got int",
+        ),
+        (GOOD_QA + '{"question": "q", "golden_answers": [" "]}', "line 2: field 'golden_answers[0]': empty answer"),
+        ("", "no records (the input is empty)"),
+        ("\n\n  \n", "no records (the input is empty)"),
+    ],
+)
 def test_bad_qa_input_is_one_located_error_and_exit_2(tmp_path, capsys, content, message):
     path, code = run_qa(tmp_path, content)
     err = capsys.readouterr().err
@@ -64,14 +79,17 @@ def test_bad_output_paths(tmp_path, capsys):
         _, code = run_qa(tmp_path, GOOD_QA, output=readonly / "out.parquet")
         assert code == 2 and "cannot write (Permission denied)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.parquet", "in.jsonl"] + (
-        [] if os.geteuid() == 0 else ["readonly"])
+        [] if os.geteuid() == 0 else ["readonly"]
+    )
 
 
 def test_limit_below_one_is_an_argparse_error(tmp_path, capsys):
     path = tmp_path / "in.jsonl"
     path.write_text(GOOD_QA)
     with pytest.raises(SystemExit) as caught:
-        search_qa.main(["--input", f"nq={path}", "--split", "t", "--output", str(tmp_path / "o.parquet"), "--limit", "0"])
+        search_qa.main(
+            ["--input", f"nq={path}", "--split", "t", "--output", str(tmp_path / "o.parquet"), "--limit", "0"]
+        )
     assert caught.value.code == 2 and "must be >= 1" in capsys.readouterr().err
 
 
@@ -87,13 +105,31 @@ def mirage(tmp_path, medqa_rows=None, pubmedqa=None):
 MEDQA_OK = {"question": "q", "options": {"A": "a", "B": "b"}, "answer_idx": "A"}
 
 
-@pytest.mark.parametrize("name, medqa_rows, pubmedqa, message", [
-    ("medqa", [MEDQA_OK, {**MEDQA_OK, "answer_idx": ["A"]}], None, "line 2: field 'answer_idx': ['A'] is not one of"),
-    ("medqa", [], None, "US_4options_test.jsonl: no records"),
-    ("pubmedqa", None, {"1": {"QUESTION": "q", "final_decision": ["yes"]}}, "entry 1: field 'final_decision': ['yes']"),
-    ("pubmedqa", None, {"1": {"QUESTION": "q\ud800", "final_decision": "yes"}}, "entry 1: field 'QUESTION': contains a lone"),
-    ("pubmedqa", None, {}, "test_set.json: no records"),
-])
+@pytest.mark.parametrize(
+    "name, medqa_rows, pubmedqa, message",
+    [
+        (
+            "medqa",
+            [MEDQA_OK, {**MEDQA_OK, "answer_idx": ["A"]}],
+            None,
+            "line 2: field 'answer_idx': ['A'] is not one of",
+        ),
+        ("medqa", [], None, "US_4options_test.jsonl: no records"),
+        (
+            "pubmedqa",
+            None,
+            {"1": {"QUESTION": "q", "final_decision": ["yes"]}},
+            "entry 1: field 'final_decision': ['yes']",
+        ),
+        (
+            "pubmedqa",
+            None,
+            {"1": {"QUESTION": "q\ud800", "final_decision": "yes"}},
+            "entry 1: field 'QUESTION': contains a lone",
+        ),
+        ("pubmedqa", None, {}, "test_set.json: no records"),
+    ],
+)
 def test_bad_mirage_rows(tmp_path, capsys, name, medqa_rows, pubmedqa, message):
     root = mirage(tmp_path, medqa_rows, pubmedqa)
     if pubmedqa is not None:  # json.dumps escapes the surrogate, as a hostile file would
@@ -104,11 +140,15 @@ def test_bad_mirage_rows(tmp_path, capsys, name, medqa_rows, pubmedqa, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("answer", ["NaN", "Infinity", "-Infinity", "1e400", '"1e400"', '"nan"', '"inf"', "true", "null"])
+@pytest.mark.parametrize(
+    "answer", ["NaN", "Infinity", "-Infinity", "1e400", '"1e400"', '"nan"', '"inf"', "true", "null"]
+)
 def test_non_finite_or_non_answer_math_answers_are_refused(tmp_path, capsys, answer):
     path = tmp_path / "aime.jsonl"
     path.write_text('{"problem": "p", "answer": "34"}\n{"problem": "p2", "answer": ' + answer + "}\n")
-    code = run_cli(math_prep.main, ["--input", f"aime2024={path}", "--split", "test", "--output", str(tmp_path / "o.parquet")])
+    code = run_cli(
+        math_prep.main, ["--input", f"aime2024={path}", "--split", "test", "--output", str(tmp_path / "o.parquet")]
+    )
     err = capsys.readouterr().err
     assert code == 2 and f"error: {path}: line 2: field 'answer':" in err, err
     assert not (tmp_path / "o.parquet").exists()
@@ -116,7 +156,9 @@ def test_non_finite_or_non_answer_math_answers_are_refused(tmp_path, capsys, ans
 
 def test_finite_numeric_math_answers_are_kept(tmp_path):
     path = tmp_path / "aime.jsonl"
-    path.write_text('{"problem": "p", "answer": 34}\n{"problem": "q", "answer": 2.5}\n{"problem": "r", "answer": "1e3"}\n')
+    path.write_text(
+        '{"problem": "p", "answer": 34}\n{"problem": "q", "answer": 2.5}\n{"problem": "r", "answer": "1e3"}\n'
+    )
     rows = math_prep.convert([("aime2024", path)], "test")
     assert [r["reward_model"]["ground_truth"]["target"] for r in rows] == [["34"], ["2.5"], ["1e3"]]
 
@@ -124,9 +166,13 @@ def test_finite_numeric_math_answers_are_kept(tmp_path):
 fuzz_lines = st.lists(
     st.binary(max_size=40)
     | st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass"))
-    | st.fixed_dictionaries({"question": st.text(max_size=10)},
-                            optional={"golden_answers": st.lists(st.none() | st.booleans() | st.floats() | st.text(max_size=5)),
-                                      "answer": st.text(max_size=5) | st.integers()}).map(lambda d: json.dumps(d).encode()),
+    | st.fixed_dictionaries(
+        {"question": st.text(max_size=10)},
+        optional={
+            "golden_answers": st.lists(st.none() | st.booleans() | st.floats() | st.text(max_size=5)),
+            "answer": st.text(max_size=5) | st.integers(),
+        },
+    ).map(lambda d: json.dumps(d).encode()),
     max_size=5,
 )
 

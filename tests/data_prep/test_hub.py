@@ -41,26 +41,44 @@ def hub_folder(root, configs: dict[str | None, dict[str, object]]):
 
 
 def flashrag_rows(prefix: str, n: int) -> list[dict]:
-    return [{"id": f"{prefix}_{i}", "question": f"{prefix} question {i}", "golden_answers": [f"ans {i}", f"alias {i}"],
-             "metadata": {"type": "x"}} for i in range(n)]
+    return [
+        {
+            "id": f"{prefix}_{i}",
+            "question": f"{prefix} question {i}",
+            "golden_answers": [f"ans {i}", f"alias {i}"],
+            "metadata": {"type": "x"},
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
 def flashrag(tmp_path):
-    return hub_folder(tmp_path / "FlashRAG_datasets", {
-        "nq": {"train": flashrag_rows("nq_train", 5), "dev": flashrag_rows("nq_dev", 2), "test": flashrag_rows("nq_test", 3)},
-        "hotpotqa": {"train": flashrag_rows("hp_train", 4), "dev": flashrag_rows("hp_dev", 2)},
-        "bamboogle": {"test": flashrag_rows("bamboogle", 2)},
-    })
+    return hub_folder(
+        tmp_path / "FlashRAG_datasets",
+        {
+            "nq": {
+                "train": flashrag_rows("nq_train", 5),
+                "dev": flashrag_rows("nq_dev", 2),
+                "test": flashrag_rows("nq_test", 3),
+            },
+            "hotpotqa": {"train": flashrag_rows("hp_train", 4), "dev": flashrag_rows("hp_dev", 2)},
+            "bamboogle": {"test": flashrag_rows("bamboogle", 2)},
+        },
+    )
 
 
 def test_flashrag_by_name_uses_search_r1_splits_and_the_one_row_schema(flashrag, tmp_path):
     test_inputs = hub.fetch_qa(["nq", "hotpotqa", "bamboogle"], "test", repo=str(flashrag))
-    assert [(name, path.name) for name, path in test_inputs] == [("nq", "test.jsonl"), ("hotpotqa", "dev.jsonl"),
-                                                                 ("bamboogle", "test.jsonl")]
+    assert [(name, path.name) for name, path in test_inputs] == [
+        ("nq", "test.jsonl"),
+        ("hotpotqa", "dev.jsonl"),
+        ("bamboogle", "test.jsonl"),
+    ]
     rows = search_qa.convert(test_inputs, "test")
-    assert [r["extra_info"]["source_id"] for r in rows] == [f"nq_test_{i}" for i in range(3)] + \
-        [f"hp_dev_{i}" for i in range(2)] + ["bamboogle_0", "bamboogle_1"]
+    assert [r["extra_info"]["source_id"] for r in rows] == [f"nq_test_{i}" for i in range(3)] + [
+        f"hp_dev_{i}" for i in range(2)
+    ] + ["bamboogle_0", "bamboogle_1"]
     assert rows[0]["reward_model"]["ground_truth"]["target"] == ["ans 0", "alias 0"]
     assert rows[0]["prompt"][0]["content"].rstrip().endswith("Question: nq_test question 0?")
     # the same rows as converting the hub's own file locally
@@ -89,20 +107,98 @@ def test_hub_errors_name_the_repo_and_what_is_wrong(flashrag, tmp_path):
 
 @pytest.fixture
 def medical_repos(tmp_path):
-    medqa = hub_folder(tmp_path / "medqa", {None: {"test": [
-        {"question": "Which drug?", "answer": "Aspirin", "options": {"A": "Aspirin", "B": "Heparin", "C": "X", "D": "Y"},
-         "meta_info": "step1", "answer_idx": "A"}]}})
-    medmcqa = hub_folder(tmp_path / "medmcqa", {None: {
-        "validation": [{"id": "m1", "question": "Nerve?", "opa": "a1", "opb": "b1", "opc": "c1", "opd": "d1", "cop": 2,
-                        "choice_type": "single", "exp": "", "subject_name": "Anatomy", "topic_name": "t"}],
-        "test": [{"id": "m2", "question": "Q?", "opa": "a", "opb": "b", "opc": "c", "opd": "d", "cop": -1,
-                  "choice_type": "single", "exp": "", "subject_name": "Anatomy", "topic_name": "t"}]}})
-    pubmedqa = hub_folder(tmp_path / "pubmedqa", {"pqa_labeled": {"train": [
-        {"pubid": 111, "question": "Does it work?", "context": {"contexts": ["c"]}, "long_answer": "l", "final_decision": "maybe"},
-        {"pubid": 222, "question": "Is it safe?", "context": {"contexts": ["c"]}, "long_answer": "l", "final_decision": "no"}]}})
-    mmlu = hub_folder(tmp_path / "mmlu", {subject: {"test": [
-        {"question": f"{subject} q, with a comma", "subject": subject, "choices": ["w", "x", "y", "z"], "answer": 3}]}
-        for subject in medical.MMLU_MED_SUBJECTS})
+    medqa = hub_folder(
+        tmp_path / "medqa",
+        {
+            None: {
+                "test": [
+                    {
+                        "question": "Which drug?",
+                        "answer": "Aspirin",
+                        "options": {"A": "Aspirin", "B": "Heparin", "C": "X", "D": "Y"},
+                        "meta_info": "step1",
+                        "answer_idx": "A",
+                    }
+                ]
+            }
+        },
+    )
+    medmcqa = hub_folder(
+        tmp_path / "medmcqa",
+        {
+            None: {
+                "validation": [
+                    {
+                        "id": "m1",
+                        "question": "Nerve?",
+                        "opa": "a1",
+                        "opb": "b1",
+                        "opc": "c1",
+                        "opd": "d1",
+                        "cop": 2,
+                        "choice_type": "single",
+                        "exp": "",
+                        "subject_name": "Anatomy",
+                        "topic_name": "t",
+                    }
+                ],
+                "test": [
+                    {
+                        "id": "m2",
+                        "question": "Q?",
+                        "opa": "a",
+                        "opb": "b",
+                        "opc": "c",
+                        "opd": "d",
+                        "cop": -1,
+                        "choice_type": "single",
+                        "exp": "",
+                        "subject_name": "Anatomy",
+                        "topic_name": "t",
+                    }
+                ],
+            }
+        },
+    )
+    pubmedqa = hub_folder(
+        tmp_path / "pubmedqa",
+        {
+            "pqa_labeled": {
+                "train": [
+                    {
+                        "pubid": 111,
+                        "question": "Does it work?",
+                        "context": {"contexts": ["c"]},
+                        "long_answer": "l",
+                        "final_decision": "maybe",
+                    },
+                    {
+                        "pubid": 222,
+                        "question": "Is it safe?",
+                        "context": {"contexts": ["c"]},
+                        "long_answer": "l",
+                        "final_decision": "no",
+                    },
+                ]
+            }
+        },
+    )
+    mmlu = hub_folder(
+        tmp_path / "mmlu",
+        {
+            subject: {
+                "test": [
+                    {
+                        "question": f"{subject} q, with a comma",
+                        "subject": subject,
+                        "choices": ["w", "x", "y", "z"],
+                        "answer": 3,
+                    }
+                ]
+            }
+            for subject in medical.MMLU_MED_SUBJECTS
+        },
+    )
     return {"medqa": str(medqa), "medmcqa": str(medmcqa), "pubmedqa": str(pubmedqa), "mmlu_med": str(mmlu)}
 
 
@@ -112,7 +208,10 @@ def test_medical_hub_copies_become_mirage_rows(medical_repos):
     assert rows["medqa"][0]["reward_model"]["ground_truth"]["target"] == ["A"]
     assert rows["medqa"][0]["extra_info"]["choices"] == ["Aspirin", "Heparin", "X", "Y"]
     medmcqa_row = rows["medmcqa"][0]  # the hub's cop 2 (0-based) is C
-    assert medmcqa_row["reward_model"]["ground_truth"]["target"] == ["C"] and medmcqa_row["extra_info"]["source_id"] == "m1"
+    assert (
+        medmcqa_row["reward_model"]["ground_truth"]["target"] == ["C"]
+        and medmcqa_row["extra_info"]["source_id"] == "m1"
+    )
     assert [r["reward_model"]["ground_truth"]["target"] for r in rows["pubmedqa"]] == [["C"], ["B"]]
     assert [r["extra_info"]["source_id"] for r in rows["pubmedqa"]] == ["111", "222"]
     assert [r["extra_info"]["subject"] for r in rows["mmlu_med"]] == list(medical.MMLU_MED_SUBJECTS)
@@ -127,8 +226,10 @@ def test_medmcqa_without_answers_is_refused(medical_repos, monkeypatch):
 
 
 def test_repo_overrides():
-    assert hub.parse_repo_overrides(["medqa=/x", "mmlu_med=cais/mmlu"], hub.MEDICAL_HUB) == \
-        {"medqa": "/x", "mmlu_med": "cais/mmlu"}
+    assert hub.parse_repo_overrides(["medqa=/x", "mmlu_med=cais/mmlu"], hub.MEDICAL_HUB) == {
+        "medqa": "/x",
+        "mmlu_med": "cais/mmlu",
+    }
     with pytest.raises(DataPrepError, match="expected NAME=REPO"):
         hub.parse_repo_overrides(["/snap"], hub.MEDICAL_HUB)
     with pytest.raises(DataPrepError, match="unknown name 'nq'"):
@@ -139,14 +240,30 @@ def test_command_lines(flashrag, medical_repos, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     out = tmp_path / "qa" / "test.parquet"
-    assert search_qa.main(["--hf", "nq,bamboogle", "--hf-repo", str(flashrag), "--split", "test", "--output", str(out)]) == 0
+    assert (
+        search_qa.main(["--hf", "nq,bamboogle", "--hf-repo", str(flashrag), "--split", "test", "--output", str(out)])
+        == 0
+    )
     assert pq.read_table(out).column("data_source").to_pylist() == ["nq"] * 3 + ["bamboogle"] * 2
     with pytest.raises(SystemExit):
         search_qa.main(["--hf", "nq", "--input", f"nq={out}", "--split", "test", "--output", str(out)])
     assert "not allowed with" in capsys.readouterr().err
     out_dir = tmp_path / "medical"
-    assert medical.main(["--hf", "--hf-repo", f"medqa={medical_repos['medqa']}", "--hf-repo",
-                         f"medmcqa={medical_repos['medmcqa']}", "--datasets", "medqa,medmcqa",
-                         "--output-dir", str(out_dir)]) == 0
+    assert (
+        medical.main(
+            [
+                "--hf",
+                "--hf-repo",
+                f"medqa={medical_repos['medqa']}",
+                "--hf-repo",
+                f"medmcqa={medical_repos['medmcqa']}",
+                "--datasets",
+                "medqa,medmcqa",
+                "--output-dir",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in out_dir.iterdir()) == ["medmcqa.parquet", "medqa.parquet"]
     assert pq.read_table(out_dir / "medmcqa.parquet").to_pylist()[0]["reward_model"]["ground_truth"]["target"] == ["C"]

@@ -46,9 +46,10 @@ def check_medical_rows(rows, name):
         assert row["data_source"] == name and row["ability"] == "medical-mcqa" and info["index"] == index
         assert row["prompt"] == [{"role": "user", "content": expected_prompt(info["question"], info["choices"])}]
         assert info["retrieval_query"] == info["question"]  # the question only, never the options
-        assert compute_score(name, f"<answer>{letter[0]}</answer>", row["reward_model"]["ground_truth"], info)[
-            "score"
-        ] == 1.0
+        assert (
+            compute_score(name, f"<answer>{letter[0]}</answer>", row["reward_model"]["ground_truth"], info)["score"]
+            == 1.0
+        )
 
 
 def test_medical_fixtures(fixtures, tmp_path):
@@ -75,7 +76,9 @@ def test_medical_fields_map_from_the_raw_files(fixtures):
     rows = medical.convert("pubmedqa", fixtures / "mirage")
     for row, (pmid, entry) in zip(rows, raw.items(), strict=True):
         assert row["extra_info"]["choices"] == ["yes", "no", "maybe"]
-        assert row["reward_model"]["ground_truth"]["target"] == [{"yes": "A", "no": "B", "maybe": "C"}[entry["final_decision"]]]
+        assert row["reward_model"]["ground_truth"]["target"] == [
+            {"yes": "A", "no": "B", "maybe": "C"}[entry["final_decision"]]
+        ]
         assert row["extra_info"]["source_id"] == pmid
         assert entry["CONTEXTS"][0] not in row["prompt"][0]["content"]  # PubMedQA*: no contexts
 
@@ -83,7 +86,9 @@ def test_medical_fields_map_from_the_raw_files(fixtures):
     assert [r["extra_info"]["subject"] for r in rows[::3]] == list(medical.MMLU_MED_SUBJECTS)
     with open(fixtures / "mirage/mmlu_med/anatomy_test.csv", newline="", encoding="utf-8") as handle:
         first = next(csv.reader(handle))
-    assert rows[0]["extra_info"]["choices"] == first[1:5] and rows[0]["reward_model"]["ground_truth"]["target"] == [first[5]]
+    assert rows[0]["extra_info"]["choices"] == first[1:5] and rows[0]["reward_model"]["ground_truth"]["target"] == [
+        first[5]
+    ]
 
 
 def copy_mirage(fixtures, tmp_path):
@@ -152,8 +157,9 @@ def test_atomic_write_removes_the_temp_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(common.pq, "write_table", broken_write)
-    row = common.make_row(data_source="nq", agent_name="a", content="c", ability="x", targets=["t"], split="s",
-                          index=0, question="q")
+    row = common.make_row(
+        data_source="nq", agent_name="a", content="c", ability="x", targets=["t"], split="s", index=0, question="q"
+    )
     with pytest.raises(DataPrepError, match=r"x.parquet: cannot write \(disk full\)"):
         write_parquet_atomic([row], tmp_path / "x.parquet")
     assert list(tmp_path.iterdir()) == []
@@ -251,7 +257,11 @@ def test_mirage_full(shared_data, tmp_path):
             normalized = [normalize_answer(c) for c in info["choices"]]
             gold_text = info["choices"]["ABCD".index(gold["target"][0])]
             looks_like_a_letter = re.fullmatch(r"\(?[A-Z]\)?[.:)]?", gold_text.strip()) is not None
-            if normalized.count(normalize_answer(gold_text)) > 1 or not normalize_answer(gold_text) or looks_like_a_letter:
+            if (
+                normalized.count(normalize_answer(gold_text)) > 1
+                or not normalize_answer(gold_text)
+                or looks_like_a_letter
+            ):
                 ambiguous += 1
                 continue
             # Answering with the gold option's text also scores 1.

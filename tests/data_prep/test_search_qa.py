@@ -44,13 +44,17 @@ def test_nq_open_fixture_rows(fixtures, tmp_path):
         assert row["extra_info"]["retrieval_query"] == question
         # The gold answer, in the agent format, scores 1 through the router.
         response = f"<think>known</think><answer> {record['answer'][0]} </answer>"
-        assert compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])[
-            "score"
-        ] == 1.0
+        assert (
+            compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])["score"]
+            == 1.0
+        )
 
 
 def test_flashrag_format_and_training_mix(tmp_path):
-    nq = write_jsonl(tmp_path / "nq.jsonl", [{"id": "train_0", "question": "  who wrote hamlet  ", "golden_answers": ["Shakespeare"]}])
+    nq = write_jsonl(
+        tmp_path / "nq.jsonl",
+        [{"id": "train_0", "question": "  who wrote hamlet  ", "golden_answers": ["Shakespeare"]}],
+    )
     hotpot = write_jsonl(
         tmp_path / "hotpot.jsonl",
         [

@@ -29,7 +29,16 @@ QA = [
     ("What is the largest planet in the Solar System?", ["Jupiter"]),
     ("What is the chemical symbol of gold?", ["Au"]),
 ]
-SEARCH_TAGS = ("<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>", "<think>", "</think>")
+SEARCH_TAGS = (
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
+)
 PROMPT = (
     "Answer the given question. You can search with <search> query </search> and you will get "
     "results between <information> and </information>. Give the final answer as <answer> x </answer>. "
@@ -147,11 +156,22 @@ def run_main_ppo(assets, out_dir: Path, overrides: list[str], timeout_s: int = 6
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            command, cwd=out_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
+            command,
+            cwd=out_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
         )
         returncode, log = proc.returncode, proc.stdout
     except subprocess.TimeoutExpired as expired:
-        returncode, log = -1, (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        returncode, log = (
+            -1,
+            (expired.stdout or b"").decode(errors="replace")
+            if isinstance(expired.stdout, bytes)
+            else (expired.stdout or ""),
+        )
     wall_s = time.monotonic() - start
     shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     (out_dir / "log.txt").write_text(log, encoding="utf-8")

@@ -103,7 +103,9 @@ def test_colocate_async_math_single_turn(math_assets, main_ppo, tmp_path):
     scored = rows + validation
     expected = [math_reward.compute_score(DATA_SOURCE, row["output"], row["gts"])["score"] for row in scored]
     assert [row["score"] for row in scored] == expected
-    print(f"right answers: {sum(expected):g} of {len(expected)} (validation {sum(expected[len(rows):]):g} of {VAL_ROWS})")
+    print(
+        f"right answers: {sum(expected):g} of {len(expected)} (validation {sum(expected[len(rows) :]):g} of {VAL_ROWS})"
+    )
     assert max(expected) == 1.0, [row["output"] for row in scored]
 
     for step in range(1, STEPS + 1):

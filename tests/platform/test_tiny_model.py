@@ -54,9 +54,14 @@ def test_chat_template_chatml_and_hermes_tools(tiny):
     tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
     text = tok.apply_chat_template(conv, tools=tools, tokenize=False)
     assert text.startswith("<|im_start|>system\n# Tools") and '"name": "search"' in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call><|im_end|>'
+        in text
+    )
     # consecutive tool results share one user turn, the hermes way
-    assert text.endswith("<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n")
+    assert text.endswith(
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+    )
 
 
 def test_generates(tiny):

@@ -25,7 +25,9 @@ def _spawn(env_extra: dict) -> subprocess.Popen:
 
 
 def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(done.stdout)
 
 
@@ -98,7 +100,11 @@ def test_cleanup_refuses_while_the_launcher_runs(tmp_path, ray_tmpdir):
 def test_from_launcher_stops_descendants_and_records_now(tmp_path, ray_tmpdir):
     # a "launcher" whose child does not carry the marker: found as a descendant
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)",
+        ],
         env={k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"},
     )
     try:
@@ -112,7 +118,11 @@ def test_from_launcher_stops_descendants_and_records_now(tmp_path, ray_tmpdir):
         while time.time() < deadline and Path(f"/proc/{child[0]}").exists():
             launcher.poll()  # reap nothing but keep the launcher alive
             time.sleep(0.1)
-        state = Path(f"/proc/{child[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{child[0]}").exists() else "gone"
+        state = (
+            Path(f"/proc/{child[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if Path(f"/proc/{child[0]}").exists()
+            else "gone"
+        )
         assert state in ("gone", "Z")
         assert launcher.poll() is None
         (record,) = read_launches(tmp_path)

@@ -68,7 +68,9 @@ def _start(tmp_path: Path, lines: int = 2, **extra_env: str) -> tuple[subprocess
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    assert _wait_for(lambda: log.is_file() and len(log.read_text().splitlines()) == lines, 120), "stand-in never started"
+    assert _wait_for(lambda: log.is_file() and len(log.read_text().splitlines()) == lines, 120), (
+        "stand-in never started"
+    )
     return launcher, run_dir, log
 
 

@@ -18,7 +18,9 @@ def _kwargs(mode: str, **sampler_kwargs) -> dict:
     )
 
 
-@pytest.mark.parametrize("mode, expected", [("sync", "ReplayBuffer"), ("async", "ReplayBufferAsync"), ("sorl_sync", "ReplayBufferAsync")])
+@pytest.mark.parametrize(
+    "mode, expected", [("sync", "ReplayBuffer"), ("async", "ReplayBufferAsync"), ("sorl_sync", "ReplayBufferAsync")]
+)
 def test_builds_the_class_verl_would_build(mode, expected):
     from verl.trainer.ppo.v1 import replay_buffer
 

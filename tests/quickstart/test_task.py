@@ -114,7 +114,9 @@ def test_row_is_scored_by_the_reward_router_with_qa_em():
     score = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
     assert score["score"] == 1.0
     wrong = response.replace(f"<answer> {fact.value} </answer>", "<answer> Nowhere </answer>")
-    assert compute_score(row["data_source"], wrong, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+    assert (
+        compute_score(row["data_source"], wrong, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+    )
 
 
 def test_demonstration_marks_only_the_observation_untrainable():
@@ -156,7 +158,9 @@ def test_guess_demonstration_answers_the_entity_at_once_and_scores_zero():
     search_text = demonstration(fact, "")[0][0]
     assert text.split("<answer>")[0] == search_text.split("<search>")[0]
     row = fact_row(fact, 0)
-    assert compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+    assert (
+        compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])["score"] == 0.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,7 +169,11 @@ def test_guess_demonstration_answers_the_entity_at_once_and_scores_zero():
 )
 def test_plan_demonstrations_mix(fraction, guesses, taught, untaught):
     kinds = plan_demonstrations(40, fraction, seed=5)
-    assert (kinds.count("guess"), kinds.count("search"), kinds.count("search, choice untaught")) == (guesses, taught, untaught)
+    assert (kinds.count("guess"), kinds.count("search"), kinds.count("search, choice untaught")) == (
+        guesses,
+        taught,
+        untaught,
+    )
     # at least half of the demonstrations search; the taught choices guess `fraction` of the time
     assert kinds.count("guess") <= 20
     if guesses + taught:

@@ -18,9 +18,15 @@ SMALL_DOCS = [
     {"id": "paris", "contents": '"Paris"\nParis is the capital and largest city of France, on the river Seine.'},
     {"id": "berlin", "contents": '"Berlin"\nBerlin is the capital of Germany and its most populous city.'},
     {"id": "seine", "contents": '"Seine"\nThe Seine is a river in northern France that flows through Paris.'},
-    {"id": "python", "contents": '"Python (programming language)"\nPython is a programming language created by Guido van Rossum.'},
+    {
+        "id": "python",
+        "contents": '"Python (programming language)"\nPython is a programming language created by Guido van Rossum.',
+    },
     {"id": "cobra", "contents": '"King cobra"\nThe king cobra is a venomous snake native to the forests of Asia.'},
-    {"id": "jupiter", "contents": '"Jupiter"\nJupiter is the fifth planet from the Sun and the largest in the Solar System.'},
+    {
+        "id": "jupiter",
+        "contents": '"Jupiter"\nJupiter is the fifth planet from the Sun and the largest in the Solar System.',
+    },
 ]
 
 

@@ -57,7 +57,9 @@ def test_failed_overwrite_keeps_old_index(small_corpus, small_docs, tmp_path):
 def test_load_rejects_non_index(tmp_path):
     with pytest.raises(IndexFormatError, match="meta.json is missing"):
         load_retriever(tmp_path)
-    (tmp_path / "meta.json").write_text(json.dumps({"format": "sorl_verl.retrieval", "format_version": 99, "method": "bm25"}))
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"format": "sorl_verl.retrieval", "format_version": 99, "method": "bm25"})
+    )
     with pytest.raises(IndexFormatError, match="rebuild the index"):
         load_retriever(tmp_path)
 
@@ -75,9 +77,23 @@ def test_cli_errors_exit_2(small_corpus, tmp_path, capsys):
 
 def test_module_entry_point_builds_dense_hashing_index(small_corpus, small_docs, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "sorl_verl.retrieval.build", str(small_corpus), str(tmp_path / "idx"),
-         "--method", "dense", "--encoder", "hashing:64", "--faiss", "hnsw", "--quiet"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "sorl_verl.retrieval.build",
+            str(small_corpus),
+            str(tmp_path / "idx"),
+            "--method",
+            "dense",
+            "--encoder",
+            "hashing:64",
+            "--faiss",
+            "hnsw",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "RuntimeWarning" not in proc.stderr
@@ -95,4 +111,6 @@ def test_embedded_index_is_built_once_into_the_cache(tmp_path, monkeypatch):
     (folder,) = tmp_path.iterdir()
     assert folder.name.startswith("wiki_vital_bm25_v1_") and (folder / "meta.json").is_file()
     assert len(first) == 10033
-    assert first.search(["Painting by Georges Seurat"], topk=3)[0][0]["document"]["contents"].startswith('"Georges Seurat"')
+    assert first.search(["Painting by Georges Seurat"], topk=3)[0][0]["document"]["contents"].startswith(
+        '"Georges Seurat"'
+    )

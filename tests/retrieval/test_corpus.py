@@ -19,7 +19,9 @@ from sorl_verl.retrieval.corpus import (
     wiki_summaries_to_rows,
 )
 
-SHARED_SUMMARIES = Path(__file__).resolve().parents[3] / "shared" / "data" / "wiki_vital_summaries" / "summaries_en.json"
+SHARED_SUMMARIES = (
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "wiki_vital_summaries" / "summaries_en.json"
+)
 
 
 def test_contents_round_trip():
@@ -30,7 +32,11 @@ def test_contents_round_trip():
 
 def test_reads_both_row_layouts_and_gzip(tmp_path):
     path = tmp_path / "c.jsonl.gz"
-    rows = [{"id": "a", "contents": '"A"\ntext a'}, {"title": "B", "text": "text b"}, {"id": 7, "title": "C", "text": ""}]
+    rows = [
+        {"id": "a", "contents": '"A"\ntext a'},
+        {"title": "B", "text": "text b"},
+        {"id": 7, "title": "C", "text": ""},
+    ]
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n" + json.dumps(rows[2]) + "\n")
     docs = list(iter_corpus(path))
@@ -70,7 +76,11 @@ def test_empty_and_missing_corpus(tmp_path):
 
 def test_converter_rows_and_cli(tmp_path, capsys):
     summaries = {
-        "Mercury (planet)": {"title": "Mercury (planet)", "extract": " Mercury is the first planet. ", "description": "Planet"},
+        "Mercury (planet)": {
+            "title": "Mercury (planet)",
+            "extract": " Mercury is the first planet. ",
+            "description": "Planet",
+        },
         "Empty": {"title": "Empty", "extract": "", "description": "skipped"},
         "Tea": {"title": "Tea", "extract": "Tea is a drink.", "description": ""},
     }

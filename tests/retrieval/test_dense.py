@@ -34,8 +34,14 @@ def test_hashing_encoder_is_deterministic_and_normalised():
 
 @pytest.mark.parametrize("faiss_type", ["flat", "hnsw"])
 def test_hashing_dense_index_finds_exact_passages(small_corpus, small_docs, tmp_path, faiss_type):
-    out = build_index(small_corpus, tmp_path / "idx", method="dense", encoder="hashing:128",
-                      faiss_type=faiss_type, show_progress=False)
+    out = build_index(
+        small_corpus,
+        tmp_path / "idx",
+        method="dense",
+        encoder="hashing:128",
+        faiss_type=faiss_type,
+        show_progress=False,
+    )
     retriever = load_retriever(out)
     assert retriever.method == "dense" and len(retriever) == len(small_docs)
     results = retriever.search([d["contents"] for d in small_docs], topk=10)
@@ -70,8 +76,11 @@ def test_bundled_minilm_retrieves_wikipedia_articles(tmp_path, monkeypatch):
         lines = [next(f) for _ in range(300)]
     corpus = tmp_path / "wiki300.jsonl"
     corpus.write_text("".join(lines))
-    retriever = load_retriever(build_index(corpus, tmp_path / "idx", method="dense", encoder="bundled-minilm",
-                                           max_length=128, show_progress=False))
+    retriever = load_retriever(
+        build_index(
+            corpus, tmp_path / "idx", method="dense", encoder="bundled-minilm", max_length=128, show_progress=False
+        )
+    )
     assert retriever.meta["encoder"]["model"] == "bundled-minilm" and retriever.meta["faiss"]["dim"] == 384
     questions = [q for q in load_questions(corpus) if q.kind == "description"]
     assert recall_at_k(retriever, questions, k=3) >= 0.7

@@ -18,10 +18,19 @@ json_like = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
-numpy_values = st.sampled_from([
-    np.array("x"), np.array(["Paris", "B"]), np.array([b"\xff"]), np.array([[1, 2], [3, 4]]), np.float64("nan"),
-    np.int64(34), np.array([], dtype=object), np.array([None, "C"], dtype=object), np.str_("34"),
-])
+numpy_values = st.sampled_from(
+    [
+        np.array("x"),
+        np.array(["Paris", "B"]),
+        np.array([b"\xff"]),
+        np.array([[1, 2], [3, 4]]),
+        np.float64("nan"),
+        np.int64(34),
+        np.array([], dtype=object),
+        np.array([None, "C"], dtype=object),
+        np.str_("34"),
+    ]
+)
 odd_values = json_like | st.binary(max_size=16) | numpy_values | st.builds(lambda v: {"target": v}, json_like)
 odd_values = odd_values | st.builds(lambda v: {"target": v}, st.lists(st.binary(max_size=6), max_size=3) | numpy_values)
 texts = st.text(max_size=40) | st.sampled_from(["<answer>B</answer>", "<answer>Paris</answer>", "\\boxed{34}"])
@@ -33,28 +42,39 @@ def check(result):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(sorted(REWARDS)), response=texts | odd_values, gold=odd_values,
-       info=odd_values | st.builds(lambda c: {"choices": c}, odd_values))
+@given(
+    name=st.sampled_from(sorted(REWARDS)),
+    response=texts | odd_values,
+    gold=odd_values,
+    info=odd_values | st.builds(lambda c: {"choices": c}, odd_values),
+)
 def test_rewards_never_raise_on_any_value(name, response, gold, info):
     check(REWARDS[name]("x", response, gold, info))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(source=st.sampled_from(sorted(reward_fns.DATA_SOURCE_FAMILY)), response=texts | odd_values, gold=odd_values,
-       info=st.none() | st.dictionaries(st.sampled_from(["choices", "split", "index"]), odd_values, max_size=2))
+@given(
+    source=st.sampled_from(sorted(reward_fns.DATA_SOURCE_FAMILY)),
+    response=texts | odd_values,
+    gold=odd_values,
+    info=st.none() | st.dictionaries(st.sampled_from(["choices", "split", "index"]), odd_values, max_size=2),
+)
 def test_router_never_raises_for_known_sources(source, response, gold, info):
     check(compute_score(source, response, gold, info))
 
 
-@pytest.mark.parametrize("gold, expected", [
-    ({"target": [b"\xff"]}, ["\ufffd"]),
-    ({"target": np.array("x")}, ["x"]),
-    (np.array("x"), ["x"]),
-    ({"target": np.array(["a", "b"])}, ["a", "b"]),
-    ({"target": [10**5000]}, []),  # over Python's int -> str digit limit: dropped, not raised
-    ({"target": {"a": 1}}, []),
-    (3.5, ["3.5"]),
-])
+@pytest.mark.parametrize(
+    "gold, expected",
+    [
+        ({"target": [b"\xff"]}, ["\ufffd"]),
+        ({"target": np.array("x")}, ["x"]),
+        (np.array("x"), ["x"]),
+        ({"target": np.array(["a", "b"])}, ["a", "b"]),
+        ({"target": [10**5000]}, []),  # over Python's int -> str digit limit: dropped, not raised
+        ({"target": {"a": 1}}, []),
+        (3.5, ["3.5"]),
+    ],
+)
 def test_gold_targets_of_odd_ground_truths(gold, expected):
     assert gold_targets(gold) == expected
 
@@ -85,7 +105,10 @@ def test_aho_corasick_agrees_with_str_contains(needles, text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(golds=st.lists(st.text(alphabet="ab ,.the", max_size=12), max_size=5), answer=st.text(alphabet="ab ,.the", max_size=30))
+@given(
+    golds=st.lists(st.text(alphabet="ab ,.the", max_size=12), max_size=5),
+    answer=st.text(alphabet="ab ,.the", max_size=30),
+)
 def test_gold_aliases_match_search_r1s_per_alias_checks(golds, answer):
     aliases = GoldAliases(golds)
     normalized = normalize_answer(answer)
@@ -100,12 +123,15 @@ ALIASES = {"target": [f"alias number {i} of the answer" for i in range(1000)]}
 WORDS = ("paris city light river seine alias number answer " * (MB // 48))[:MB]
 
 
-@pytest.mark.parametrize("source, text, gold, kwargs", [
-    ("nq", f"<answer>{WORDS}</answer>", ALIASES, {}),  # was ~20 s (token F1 recounted the answer per alias)
-    ("nq", f"<think>t</think><answer>{WORDS}</answer>", ALIASES, {"qa_reward": "qa_em_format"}),
-    ("nq", "<answer>" + "x" * MB + "</answer>", {"target": ["x" * 50 + str(i) for i in range(1000)]}, {}),
-    ("aime2024", "\\boxed{" + "9" * 999 + "x}", {"target": [str(i) * 3 for i in range(1000)]}, {}),  # was ~10 s
-])
+@pytest.mark.parametrize(
+    "source, text, gold, kwargs",
+    [
+        ("nq", f"<answer>{WORDS}</answer>", ALIASES, {}),  # was ~20 s (token F1 recounted the answer per alias)
+        ("nq", f"<think>t</think><answer>{WORDS}</answer>", ALIASES, {"qa_reward": "qa_em_format"}),
+        ("nq", "<answer>" + "x" * MB + "</answer>", {"target": ["x" * 50 + str(i) for i in range(1000)]}, {}),
+        ("aime2024", "\\boxed{" + "9" * 999 + "x}", {"target": [str(i) * 3 for i in range(1000)]}, {}),  # was ~10 s
+    ],
+)
 def test_many_aliases_against_a_huge_answer_stay_linear(source, text, gold, kwargs, hang_guard):
     with hang_guard(5):  # ~0.2 s after the fix on 2 busy cores
         check(compute_score(source, text, gold, None, **kwargs))

@@ -19,10 +19,10 @@ from sorl_verl.stability.analysis import (
     area_under_curve,
     is_collapsed,
     load_results,
-    write_report,
 )
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
+from sorl_verl.stability.report import write_report
 from sorl_verl.stability.sweep import (
     DONE_MARKER,
     RUN_RECORD,

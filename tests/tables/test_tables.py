@@ -16,7 +16,16 @@ from sorl_verl.tables.table import column_for, select_step
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_run(root: Path, name: str, *, loss_mode="vanilla", adv="gae", model="/models/Qwen2.5-3B", records=(), config_at="config.yaml"):
+def write_run(
+    root: Path,
+    name: str,
+    *,
+    loss_mode="vanilla",
+    adv="gae",
+    model="/models/Qwen2.5-3B",
+    records=(),
+    config_at="config.yaml",
+):
     """A run folder as the recipes write it: a resolved config and a FileLogger metrics JSONL.
 
     ``records`` are (step, {metric: value}) pairs, one JSON line each, in order.
@@ -73,17 +82,27 @@ def test_dataset_aliases_and_groups():
 
 
 def test_table_numbers_best_last_and_missing(tmp_path):
-    ppo = write_run(tmp_path, "ppo", records=[
-        (0, val({"nq": 0.10, "hotpotqa": 0.05, "triviaqa": 0.20})),
-        (1, train(1)),
-        (2, {**train(2), **val({"nq": 0.40, "hotpotqa": 0.30, "triviaqa": 0.50})}),  # best mean 0.4
-        (3, {**train(3), **val({"nq": 0.35, "hotpotqa": 0.20, "triviaqa": 0.45})}),  # last
-    ])
+    ppo = write_run(
+        tmp_path,
+        "ppo",
+        records=[
+            (0, val({"nq": 0.10, "hotpotqa": 0.05, "triviaqa": 0.20})),
+            (1, train(1)),
+            (2, {**train(2), **val({"nq": 0.40, "hotpotqa": 0.30, "triviaqa": 0.50})}),  # best mean 0.4
+            (3, {**train(3), **val({"nq": 0.35, "hotpotqa": 0.20, "triviaqa": 0.45})}),  # last
+        ],
+    )
     # so_ppo+grpo never validated triviaqa: its column must show '-' and its average too.
-    sogrpo = write_run(tmp_path, "sogrpo", loss_mode="so_ppo", adv="grpo", records=[
-        (0, val({"nq": 0.12, "hotpotqa": 0.08, "popqa": 0.1})),
-        (2, val({"nq": 0.45, "hotpotqa": 0.25, "popqa": 0.3})),
-    ])
+    sogrpo = write_run(
+        tmp_path,
+        "sogrpo",
+        loss_mode="so_ppo",
+        adv="grpo",
+        records=[
+            (0, val({"nq": 0.12, "hotpotqa": 0.08, "popqa": 0.1})),
+            (2, val({"nq": 0.45, "hotpotqa": 0.25, "popqa": 0.3})),
+        ],
+    )
     runs = [load_run(ppo), load_run(sogrpo)]
 
     best = build_table(runs, "best")
@@ -97,7 +116,11 @@ def test_table_numbers_best_last_and_missing(tmp_path):
 
     last = build_table(runs, "last")
     p_last = next(r for r in last.rows if r.method == "PPO")
-    assert p_last.step == 3 and {c.title: v for c, v in p_last.scores.items()} == {"NQ": 0.35, "TriviaQA": 0.45, "HotpotQA": 0.20}
+    assert p_last.step == 3 and {c.title: v for c, v in p_last.scores.items()} == {
+        "NQ": 0.35,
+        "TriviaQA": 0.45,
+        "HotpotQA": 0.20,
+    }
 
     md = to_markdown(best)
     lines = md.splitlines()
@@ -120,13 +143,19 @@ def test_table_numbers_best_last_and_missing(tmp_path):
 
 
 def test_best_tie_takes_earliest_and_coverage_rule(tmp_path):
-    run = load_run(write_run(tmp_path, "r", records=[
-        (0, val({"nq": 0.2, "popqa": 0.2})),
-        (5, val({"nq": 0.9})),  # partial validation: never a candidate, even though higher
-        (10, val({"nq": 0.4, "popqa": 0.4})),
-        (20, val({"nq": 0.3, "popqa": 0.5})),
-        (30, val({"nq": 0.1, "popqa": 0.1})),
-    ]))
+    run = load_run(
+        write_run(
+            tmp_path,
+            "r",
+            records=[
+                (0, val({"nq": 0.2, "popqa": 0.2})),
+                (5, val({"nq": 0.9})),  # partial validation: never a candidate, even though higher
+                (10, val({"nq": 0.4, "popqa": 0.4})),
+                (20, val({"nq": 0.3, "popqa": 0.5})),
+                (30, val({"nq": 0.1, "popqa": 0.1})),
+            ],
+        )
+    )
     assert select_step(run, "best") == 10
     assert select_step(run, "last") == 30
     assert build_table([run], "best").rows[0].average == pytest.approx(0.4)
@@ -134,10 +163,22 @@ def test_best_tie_takes_earliest_and_coverage_rule(tmp_path):
 
 
 def test_acc_preferred_and_largest_n(tmp_path):
-    run = load_run(write_run(tmp_path, "r", records=[
-        (0, {**val({"medqa": 0.9}, var="reward", n=4), **val({"medqa": 0.6}, var="acc", n=4),
-             **val({"medqa": 0.1}, var="acc", n=2)}),
-    ]))
+    run = load_run(
+        write_run(
+            tmp_path,
+            "r",
+            records=[
+                (
+                    0,
+                    {
+                        **val({"medqa": 0.9}, var="reward", n=4),
+                        **val({"medqa": 0.6}, var="acc", n=4),
+                        **val({"medqa": 0.1}, var="acc", n=2),
+                    },
+                ),
+            ],
+        )
+    )
     assert run.validation == {"medqa": {0: 0.6}}
 
 
@@ -147,7 +188,9 @@ def test_duplicate_methods_keep_apart_and_models_group(tmp_path):
     c = write_run(tmp_path, "ppo-seed2", records=[(0, val({"nq": 0.2}))])
     table = build_table([load_run(x) for x in (a, b, c)])
     assert [(r.model, r.method) for r in table.rows] == [
-        ("Qwen2.5-3B", "PPO [ppo-seed1]"), ("Qwen2.5-3B", "PPO [ppo-seed2]"), ("Qwen2.5-7B-Instruct", "GRPO"),
+        ("Qwen2.5-3B", "PPO [ppo-seed1]"),
+        ("Qwen2.5-3B", "PPO [ppo-seed2]"),
+        ("Qwen2.5-7B-Instruct", "GRPO"),
     ]
 
 
@@ -162,9 +205,15 @@ def test_resumed_run_merges_files_later_wins(tmp_path):
 
 
 def test_hydra_config_location_and_ignored_values(tmp_path):
-    run_dir = write_run(tmp_path, "r", loss_mode="turn_ppo", config_at=".hydra/config.yaml", records=[
-        (1, {"actor/pg_clipfrac": None, "note": "text", "flag": True, "actor/grad_norm": 2.0}),
-    ])
+    run_dir = write_run(
+        tmp_path,
+        "r",
+        loss_mode="turn_ppo",
+        config_at=".hydra/config.yaml",
+        records=[
+            (1, {"actor/pg_clipfrac": None, "note": "text", "flag": True, "actor/grad_norm": 2.0}),
+        ],
+    )
     run = load_run(run_dir)
     assert run.method == "Turn-PPO"
     assert run.steps == {1: {"actor/grad_norm": 2.0}}
@@ -174,7 +223,7 @@ def test_hydra_config_location_and_ignored_values(tmp_path):
     "line, message",
     [
         ('{"step": 1, "data": {"a": 1}', "not valid JSON"),
-        ('[1, 2]', "expected a JSON object"),
+        ("[1, 2]", "expected a JSON object"),
         ('{"data": {"a": 1}}', "field 'step' must be an integer"),
         ('{"step": "3", "data": {}}', "field 'step' must be an integer"),
         ('{"step": 3, "data": 5}', "field 'data' must be an object"),
@@ -216,14 +265,26 @@ def test_module_entry_point_runs(tmp_path):
     run_dir = write_run(tmp_path, "r", records=[(0, val({"bamboogle": 0.125}))])
     done = subprocess.run(
         [sys.executable, "-m", "sorl_verl.tables", str(run_dir), "--format", "markdown", "--digits", "2"],
-        capture_output=True, text=True, cwd=REPO, check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
     )
     assert "| Qwen2.5-3B | PPO | 0 | 0.12 | 0.12 |" in done.stdout
 
 
 def test_plot_writes_png_with_stability_panels(tmp_path):
     records = [(0, val({"nq": 0.1, "hotpotqa": 0.05}))]
-    records += [(s, {**train(s, clipfrac=0.1 + 0.01 * s), **(val({"nq": 0.1 + 0.02 * s, "hotpotqa": 0.05 + 0.02 * s}) if s % 5 == 0 else {})}) for s in range(1, 41)]
+    records += [
+        (
+            s,
+            {
+                **train(s, clipfrac=0.1 + 0.01 * s),
+                **(val({"nq": 0.1 + 0.02 * s, "hotpotqa": 0.05 + 0.02 * s}) if s % 5 == 0 else {}),
+            },
+        )
+        for s in range(1, 41)
+    ]
     a = write_run(tmp_path, "st", loss_mode="st_ppo", records=records)
     b = write_run(tmp_path, "ppo", records=[(s, {k: v * 0.8 for k, v in d.items()}) for s, d in records])
     png = tmp_path / "curves.png"
