@@ -19,12 +19,13 @@ install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0 uv
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,dense]'
 
-# two workers, a test file at a time, the files with end-to-end runs first (tests/conftest.py)
+# two workers, a test file at a time, the files with end-to-end runs first (tests/conftest.py; xdist's
+# default reorders files by test count, which would queue the e2e files last, hence --no-loadscope-reorder)
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not e2e and not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not e2e and not slow"
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -46,7 +46,7 @@ setup(
         # spaCy, nmslib, lightgbm, none of them used here), beside a Java 11+ runtime (0.25.0: Java 11-17;
         # pyserini >= 0.35 needs Java 21). See docs/retrieval.md, "Pyserini".
         "pyserini": ["pyjnius>=1.6", "pandas"],  # pandas: pyserini.index.lucene imports it (verl has it too)
-        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
+        "dev": ["pytest>=8", "pytest-xdist>=3.7", "hypothesis>=6.100", "ruff>=0.6", "rank-bm25>=0.2.2"],
     },
     entry_points={
         # verl imports every module of this group on `import verl`, in every process,

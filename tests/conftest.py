@@ -4,6 +4,8 @@
 (``-n 2 --dist loadfile``: a file's module fixtures, e.g. a warm-started model, are built once).
 The files with end-to-end runs (marker ``e2e``, minutes each) go first, so that the long runs
 start early and the short tests fill in around them instead of one long run finishing last.
+That order reaches the workers only with ``--no-loadscope-reorder``: by default xdist reorders the
+files by their number of tests, which puts the few-test e2e files last and on one worker.
 """
 
 
