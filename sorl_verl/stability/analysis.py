@@ -260,16 +260,13 @@ def load_results(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
         archived = archived_results(path)
         results += [r for r in archived if r.name not in names]
         names |= {r.name for r in archived}
-    results.sort(
-        key=lambda r: (
-            task_order(r.task),
-            pressure_order(r.pressure),
-            method_order(r.method),
-            arm_order(r.arm),
-            r.seed,
-        )
-    )
+    results.sort(key=table_order)
     return results, notes
+
+
+def table_order(r: RunResult) -> tuple:
+    """The sort key of runs in tables and figures: task, pressure, method, arm, seed."""
+    return task_order(r.task), pressure_order(r.pressure), method_order(r.method), arm_order(r.arm), r.seed
 
 
 def csv_key(column: str) -> str:

@@ -22,8 +22,8 @@ from sorl_verl.stability.analysis import (
     load_results,
     method_order,
     paper_table,
-    pressure_order,
     runs_csv,
+    table_order,
     task_order,
     to_csv,
     to_markdown,
@@ -207,16 +207,7 @@ def study_results(results: list[RunResult]) -> list[RunResult]:
     """The runs of every (task, pressure, method) with a segment arm, in table order."""
     cells = {(r.task, r.pressure, r.method) for r in results if r.arm != WHOLE}
     study = [r for r in results if (r.task, r.pressure, r.method) in cells]
-    return sorted(
-        study,
-        key=lambda r: (
-            task_order(r.task),
-            pressure_order(r.pressure),
-            method_order(r.method),
-            arm_order(r.arm),
-            r.seed,
-        ),
-    )
+    return sorted(study, key=table_order)
 
 
 def _segment_groups(results: list[RunResult]) -> dict[tuple[str, str, str, str], list[RunResult]]:
