@@ -422,12 +422,12 @@ def archived_names(archive: Path | None) -> set[str]:
 
 def update_archive(sweep_dir: Path, archive: Path) -> None:
     """Merge the sweep folder's finished runs into ``archive`` (rewritten atomically; its other rows kept)."""
-    from sorl_verl.stability.report import write_report
+    from sorl_verl.stability.analysis import load_results, runs_csv
 
     archive = Path(archive)
-    write_report(sweep_dir, [archive] if archive.is_file() else [])
+    results, _ = load_results(sweep_dir, [archive] if archive.is_file() else [])
     archive.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(archive, (sweep_dir / "stability_runs.csv").read_text(encoding="utf-8"))
+    write_text_atomic(archive, runs_csv(results))  # the rows only: the figures wait for the report
 
 
 def _score_note(folder: Path) -> str:
