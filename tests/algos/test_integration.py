@@ -26,6 +26,7 @@ from verl.workers.utils.losses import ppo_loss
 from sorl_verl.algos.config import SorlPolicyLossConfig
 from sorl_verl.algos.correction import batch_correction
 from sorl_verl.algos.losses import compute_policy_loss_st_ppo
+from sorl_verl.recipes import METRIC_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -164,6 +165,19 @@ def test_ppo_loss_wrapper_with_verl_default_policy_loss_config(loss_mode):
     if normalized:  # outside an engine step the batch scope refuses to run
         with pytest.raises(RuntimeError, match="norm_scope=batch"):
             ppo_loss(actor, *ppo_loss_inputs(seed=1)[:2])
+
+
+def test_a_token_level_loss_logs_no_sorl_metric_and_so_ppo_logs_its_turn_clipping():
+    """What leaves a token-level method's turn-clip cell of the stability table empty: verl's own
+    loss logs nothing under ``actor/sorl/``, where SO-GRPO's loss logs the turn clip fraction."""
+    model_output, data, _ = ppo_loss_inputs(seed=2)
+    _, metrics = ppo_loss(compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"), model_output, data)
+    assert "actor/pg_loss" in metrics and not [key for key in metrics if key.startswith(METRIC_PREFIX)]
+
+    model_output, data, (_, new, _, _) = ppo_loss_inputs(seed=2)
+    with batch_correction(torch.optim.SGD([new], lr=0.0)):
+        _, metrics = ppo_loss(compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo"), model_output, data)
+    assert 0.0 <= metrics[METRIC_PREFIX + "clipfrac_turn"].aggregate() <= 1.0
 
 
 def test_so_grpo_is_so_ppo_on_verl_grpo_advantages():

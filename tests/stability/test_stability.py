@@ -2,7 +2,7 @@
 
 The launcher is replaced by a fake that writes what run_demo.sh writes (Hydra config, FileLogger
 metrics, verl's checkpoint tracker) for a chosen validation curve; the real trainer runs in
-test_stability_e2e.py.
+tests/e2e/test_stability_cli_cpu.py.
 """
 
 import csv

@@ -1,7 +1,10 @@
-"""`python -m sorl_verl.stability run` through verl's real trainer on a 2-run, 2-step grid.
+"""`python -m sorl_verl.stability run` through verl's real trainer on a 1-run, 2-step grid.
 
-One warm start (tiny model, 3 SFT steps), GRPO and SO-GRPO at the demo's pressure, 8 trajectories
-per step: the folder layout, the resume (a second call launches nothing), the table and figures.
+One warm start (tiny model, 3 SFT steps), SO-GRPO at the demo's pressure, 8 trajectories per step:
+the folder layout, the resume (a second call launches nothing), the table and figures from the
+run's real metrics. Tables of several runs and methods (mean, spread, a method without turn
+clipping) are checked on recorded runs in tests/stability/test_stability.py; that a token-level
+loss logs no SORL metrics, in tests/algos/test_integration.py.
 """
 
 import csv
@@ -17,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "--pressures", "reuse_1x2",
-    "--methods", "grpo", "so_grpo",
+    "--methods", "so_grpo",
     "--seeds", "1",
     "--steps", "2",
     "--test-freq", "1",
@@ -36,11 +39,11 @@ def stability(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
-def test_stability_cli_two_runs_resume_table_figure(tmp_path):
+def test_stability_cli_run_resume_table_figure(tmp_path):
     out = tmp_path / "sweep"
     first = stability(out)
     assert first.returncode == 0, first.stderr[-3000:]
-    names = ["reuse_1x2__grpo__s1", "reuse_1x2__so_grpo__s1"]
+    names = ["reuse_1x2__so_grpo__s1"]
     assert sorted(p.name for p in (out / "runs").iterdir()) == names
     for name in names:
         run = out / "runs" / name
@@ -50,23 +53,23 @@ def test_stability_cli_two_runs_resume_table_figure(tmp_path):
         assert json.loads((run / "stability_done.json").read_text())["steps"] == 2
         assert len(list(run.glob("metrics-*.jsonl"))) == 1
     manifest = json.loads((out / "sweep.json").read_text())
-    assert [r["status"] for r in manifest["runs"]] == ["finished", "finished"]
+    assert [r["status"] for r in manifest["runs"]] == ["finished"]
 
     metrics_before = sorted(str(p) for p in out.glob("runs/*/metrics-*.jsonl"))
     second = stability(out)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "2 finished, 0 to run" in second.stderr
+    assert "1 finished, 0 to run" in second.stderr
     assert sorted(str(p) for p in out.glob("runs/*/metrics-*.jsonl")) == metrics_before  # nothing launched
     for name in names:
         assert len(json.loads((out / "runs" / name / "stability_run.json").read_text())["launches"]) == 1
 
     rows = list(csv.DictReader(io.StringIO((out / "stability.csv").read_text())))
-    assert [(r["algo"], r["method"], r["seeds"]) for r in rows] == [("grpo", "GRPO", "1"), ("so_grpo", "SO-GRPO", "1")]
+    assert [(r["algo"], r["method"], r["seeds"]) for r in rows] == [("so_grpo", "SO-GRPO", "1")]
     for row in rows:
         assert 0.0 <= float(row["final_mean"]) <= 1.0 and 0.0 <= float(row["token_clip_mean"]) <= 1.0
-    assert rows[1]["turn_clip_mean"] != "" and rows[0]["turn_clip_mean"] == ""  # only SO-GRPO logs turn clipping
+    assert 0.0 <= float(rows[0]["turn_clip_mean"]) <= 1.0  # SO-GRPO logs its turn clipping
     per_run = list(csv.DictReader(io.StringIO((out / "stability_runs.csv").read_text())))
-    assert [r["curve"].count(":") for r in per_run] == [3, 3]  # validation at steps 0, 1, 2
+    assert [r["curve"].count(":") for r in per_run] == [3]  # validation at steps 0, 1, 2
     assert "| reuse_1x2 | SO-GRPO | 1 |" in (out / "stability.md").read_text()
     for figure in ("validation.png", "diagnostics.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
