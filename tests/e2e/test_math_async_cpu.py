@@ -30,7 +30,7 @@ STEPS, TRAIN_BATCH, N = 3, 2, 2
 # facts), every demonstration complete, and a smaller warm start: a short SFT gets some answers
 # right, so the rewards are not all 0 (measured: 1 of 4 at step 1, 1 of 8 in validation, 300 steps).
 # VAL_ROWS greedy validation answers make "some answer is right" all but certain: with 8 rows the
-# 20 scored answers were all wrong in 1 of 3 CI runs (2026-12-02).
+# 20 scored answers were all wrong in 1 of 3 CI runs.
 VAL_ROWS = 48
 WARM_START = {
     "sizes": {"sft": 300, "train": 16, "val": VAL_ROWS},
