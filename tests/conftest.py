@@ -5,8 +5,26 @@
 The end-to-end runs (marker ``e2e``, files under ``tests/e2e/``, a minute or more each) form two
 work units that go first, one per worker, and the short tests fill in after them
 (:func:`pytest_xdist_make_scheduler`). That order reaches the workers only with
-``--no-loadscope-reorder``: by default xdist reorders the units by their number of tests.
+``--no-loadscope-reorder``: by default xdist reorders the units by their number of tests. Each
+worker, and what it starts, runs torch on its share of the cores (:func:`pytest_configure`).
 """
+
+import os
+import sys
+
+
+def pytest_configure(config):
+    # Under pytest-xdist each worker shares the cores with the others: torch's default of one
+    # thread per core in every worker oversubscribes them, and OpenMP's spinning threads then slow
+    # each op many times over (docs/results.md, Test suite). One share of the cores per worker, for
+    # the worker and the subprocesses it starts (the end-to-end runs' trainers); an explicit
+    # OMP_NUM_THREADS wins.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # imported before this hook: the variable is read at import
+            sys.modules["torch"].set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
