@@ -321,6 +321,7 @@ def plan_demonstrations(n: int, guess_fraction: float, seed: int) -> list[str]:
     return kinds
 
 
-def write_facts(facts: list[Fact], path: Path) -> None:
-    """``facts`` as JSON lines (one :class:`Fact` each), written atomically."""
-    write_text_atomic(path, "".join(json.dumps(asdict(f)) + "\n" for f in facts))
+def write_facts(items: Iterable, path: Path) -> None:
+    """``items`` (dataclass instances: :class:`Fact` or another task's item) as JSON lines, one per
+    item, written atomically."""
+    write_text_atomic(path, "".join(json.dumps(asdict(item)) + "\n" for item in items))
