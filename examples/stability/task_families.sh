@@ -12,19 +12,38 @@
 # finished runs (in OUT or in the committed archive, which each finished run joins at once) and
 # resumes an unfinished one: run this again (in another sitting, on a fresh checkout) to go on.
 # Then the report, merged with the committed archive of earlier sittings' runs.
+#
+# TASKS (default "multihop medical search") runs a part of the grid. A trainer run keeps about one
+# core busy, so on 2 cores two parts can run side by side, each in its own sweep folder and with one
+# torch thread per process (two threads per process stall each other when the cores are shared):
+#   OMP_NUM_THREADS=1 TASKS=multihop bash examples/stability/task_families.sh runs/stability &
+#   OMP_NUM_THREADS=1 TASKS="medical search" bash examples/stability/task_families.sh runs/stability-b &
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${1:-runs/stability}"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 ARCHIVE="${ARCHIVE:-docs/figures/stability/stability_runs.csv}"
 status=0
+TASKS="${TASKS:-multihop medical search}"
+for task in $TASKS; do
+  case "$task" in
+    multihop | medical | search) ;;
+    *) echo "task_families.sh: unknown task '$task' in TASKS (choose from: multihop medical search)" >&2; exit 2 ;;
+  esac
+done
+families=()
+for task in multihop medical; do [[ " $TASKS " == *" $task "* ]] && families+=("$task"); done
 for seed in ${SEEDS:-1 2 3}; do
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop medical \
-    --pressures reuse_8x8 --methods ppo turn_ppo s_ppo st_ppo grpo so_grpo gspo cispo || status=1
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop medical \
-    --pressures reuse_1x2 --methods ppo || status=1
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task search \
-    --pressures reuse_8x8 --methods s_ppo+absolute s_ppo+sequence || status=1
+  if ((${#families[@]})); then
+    "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task "${families[@]}" \
+      --pressures reuse_8x8 --methods ppo turn_ppo s_ppo st_ppo grpo so_grpo gspo cispo || status=1
+    "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task "${families[@]}" \
+      --pressures reuse_1x2 --methods ppo || status=1
+  fi
+  if [[ " $TASKS " == *" search "* ]]; then
+    "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task search \
+      --pressures reuse_8x8 --methods s_ppo+absolute s_ppo+sequence || status=1
+  fi
 done
 "$PYTHON" -m sorl_verl.stability report --out "$OUT" --archive "$ARCHIVE" || status=1
 exit "$status"

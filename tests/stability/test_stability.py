@@ -897,3 +897,43 @@ def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys
         assert main([*argv, "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "10 of 10 runs left" in out and f"multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s{seed}" in out
+
+
+def task_family_calls(tmp_path, tasks: str | None):
+    """(exit status, the argument lists ``examples/stability/task_families.sh`` passes to Python for seed 2)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / "task_families.sh"
+    env = {**os.environ, "SEEDS": "2", "PYTHON": "echo"}
+    env.pop("TASKS", None)
+    if tasks is not None:
+        env["TASKS"] = tasks
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    return done.returncode, [line.split() for line in done.stdout.splitlines()], done.stderr
+
+
+def selected(calls) -> list[tuple[str, ...]]:
+    """(tasks, pressure) of each ``run`` call."""
+    out = []
+    for args in calls:
+        if args[2] == "run":
+            tasks = args[args.index("--task") + 1 : args.index("--pressures")]
+            out.append((*tasks, args[args.index("--pressures") + 1]))
+    return out
+
+
+def test_task_families_script_runs_the_parts_named_in_tasks(tmp_path):
+    status, calls, _ = task_family_calls(tmp_path, None)
+    assert status == 0
+    assert selected(calls) == [
+        ("multihop", "medical", "reuse_8x8"),
+        ("multihop", "medical", "reuse_1x2"),
+        ("search", "reuse_8x8"),
+    ]
+    assert calls[-1][2] == "report"
+    _, calls, _ = task_family_calls(tmp_path, "multihop")
+    assert selected(calls) == [("multihop", "reuse_8x8"), ("multihop", "reuse_1x2")]
+    _, calls, _ = task_family_calls(tmp_path, "medical search")
+    assert selected(calls) == [("medical", "reuse_8x8"), ("medical", "reuse_1x2"), ("search", "reuse_8x8")]
+    status, calls, stderr = task_family_calls(tmp_path, "multihop bogus")
+    assert status == 2 and calls == [] and "unknown task 'bogus'" in stderr and "multihop medical search" in stderr
