@@ -13,11 +13,10 @@
 # resumes an unfinished one: run this again (in another sitting, on a fresh checkout) to go on.
 # Then the report, merged with the committed archive of earlier sittings' runs.
 #
-# TASKS (default "multihop medical search") runs a part of the grid. A trainer run keeps about one
-# core busy, so on 2 cores two parts can run side by side, each in its own sweep folder and with one
-# torch thread per process (two threads per process stall each other when the cores are shared):
-#   OMP_NUM_THREADS=1 TASKS=multihop bash examples/stability/task_families.sh runs/stability &
-#   OMP_NUM_THREADS=1 TASKS="medical search" bash examples/stability/task_families.sh runs/stability-b &
+# TASKS (default "multihop medical search") runs a part of the grid, e.g. one part per machine, each
+# into its own sweep folder (docs/stability.md, "A part of the grid"):
+#   TASKS=multihop bash examples/stability/task_families.sh runs/stability
+#   TASKS="medical search" bash examples/stability/task_families.sh runs/stability-b
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${1:-runs/stability}"
