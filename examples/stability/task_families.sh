@@ -23,15 +23,14 @@ OUT="${1:-runs/stability}"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 ARCHIVE="${ARCHIVE:-docs/figures/stability/stability_runs.csv}"
 status=0
-TASKS="${TASKS:-multihop medical search}"
+ALL_TASKS="multihop medical search"
+TASKS="${TASKS:-$ALL_TASKS}"
+selected() { [[ " $TASKS " == *" $1 "* ]]; }
 for task in $TASKS; do
-  case "$task" in
-    multihop | medical | search) ;;
-    *) echo "task_families.sh: unknown task '$task' in TASKS (choose from: multihop medical search)" >&2; exit 2 ;;
-  esac
+  [[ " $ALL_TASKS " == *" $task "* ]] || { echo "task_families.sh: unknown task '$task' in TASKS (choose from: $ALL_TASKS)" >&2; exit 2; }
 done
 families=()
-for task in multihop medical; do [[ " $TASKS " == *" $task "* ]] && families+=("$task"); done
+for task in multihop medical; do selected "$task" && families+=("$task"); done
 for seed in ${SEEDS:-1 2 3}; do
   if ((${#families[@]})); then
     "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task "${families[@]}" \
@@ -39,7 +38,7 @@ for seed in ${SEEDS:-1 2 3}; do
     "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task "${families[@]}" \
       --pressures reuse_1x2 --methods ppo || status=1
   fi
-  if [[ " $TASKS " == *" search "* ]]; then
+  if selected search; then
     "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task search \
       --pressures reuse_8x8 --methods s_ppo+absolute s_ppo+sequence || status=1
   fi

@@ -871,20 +871,30 @@ def test_a_bad_measured_curve_in_the_archive_is_named(tmp_path):
         archived_results(archive)
 
 
-def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys):
-    """examples/stability/segments.sh, with a stand-in PYTHON that records its calls; each call is then
-    checked by the real command line (as a dry run)."""
+def script_calls(name: str, tmp_path, **env: str):
+    """Run ``examples/stability/<name>`` (sweep folder ``tmp_path/sweep``) with a stand-in PYTHON that
+    records its calls: (the finished process, each call's arguments)."""
     import shlex
     import subprocess
 
-    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / "segments.sh"
+    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / name
+    tmp_path.mkdir(parents=True, exist_ok=True)
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
     fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {shlex.quote(str(calls))}\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(fake), "SEEDS": "1 2"}
-    subprocess.run(["bash", str(script), str(tmp_path / "sweep")], env=env, check=True)
-    lines = [shlex.split(line) for line in calls.read_text().splitlines()]
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SEEDS", "TASKS")}
+    full_env.update(PYTHON=str(fake), **env)
+    done = subprocess.run(["bash", str(script), str(tmp_path / "sweep")], env=full_env, capture_output=True, text=True)
+    lines = [shlex.split(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+    return done, lines
+
+
+def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys):
+    """examples/stability/segments.sh, with a stand-in PYTHON that records its calls; each call is then
+    checked by the real command line (as a dry run)."""
+    done, lines = script_calls("segments.sh", tmp_path, SEEDS="1 2")
+    assert done.returncode == 0, done.stderr
     assert [line[:3] for line in lines] == [["-m", "sorl_verl.stability", "run"]] * 2 + [
         ["-m", "sorl_verl.stability", "report"]
     ]
@@ -899,19 +909,6 @@ def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys
         assert "10 of 10 runs left" in out and f"multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s{seed}" in out
 
 
-def task_family_calls(tmp_path, tasks: str | None):
-    """(exit status, the argument lists ``examples/stability/task_families.sh`` passes to Python for seed 2)."""
-    import subprocess
-
-    script = Path(__file__).resolve().parents[2] / "examples" / "stability" / "task_families.sh"
-    env = {**os.environ, "SEEDS": "2", "PYTHON": "echo"}
-    env.pop("TASKS", None)
-    if tasks is not None:
-        env["TASKS"] = tasks
-    done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env)
-    return done.returncode, [line.split() for line in done.stdout.splitlines()], done.stderr
-
-
 def selected(calls) -> list[tuple[str, ...]]:
     """(tasks, pressure) of each ``run`` call."""
     out = []
@@ -923,17 +920,18 @@ def selected(calls) -> list[tuple[str, ...]]:
 
 
 def test_task_families_script_runs_the_parts_named_in_tasks(tmp_path):
-    status, calls, _ = task_family_calls(tmp_path, None)
-    assert status == 0
+    done, calls = script_calls("task_families.sh", tmp_path / "all", SEEDS="2")
+    assert done.returncode == 0
     assert selected(calls) == [
         ("multihop", "medical", "reuse_8x8"),
         ("multihop", "medical", "reuse_1x2"),
         ("search", "reuse_8x8"),
     ]
     assert calls[-1][2] == "report"
-    _, calls, _ = task_family_calls(tmp_path, "multihop")
+    _, calls = script_calls("task_families.sh", tmp_path / "multihop", SEEDS="2", TASKS="multihop")
     assert selected(calls) == [("multihop", "reuse_8x8"), ("multihop", "reuse_1x2")]
-    _, calls, _ = task_family_calls(tmp_path, "medical search")
+    _, calls = script_calls("task_families.sh", tmp_path / "rest", SEEDS="2", TASKS="medical search")
     assert selected(calls) == [("medical", "reuse_8x8"), ("medical", "reuse_1x2"), ("search", "reuse_8x8")]
-    status, calls, stderr = task_family_calls(tmp_path, "multihop bogus")
-    assert status == 2 and calls == [] and "unknown task 'bogus'" in stderr and "multihop medical search" in stderr
+    done, calls = script_calls("task_families.sh", tmp_path / "bad", SEEDS="2", TASKS="multihop bogus")
+    assert done.returncode == 2 and calls == []
+    assert "unknown task 'bogus'" in done.stderr and "multihop medical search" in done.stderr
