@@ -14,8 +14,11 @@
 # sorl_qs_args [ALGO] [--out RUN_DIR] [overrides...]: ALGO (default so_grpo), OUT ("" = a new
 # folder), SORL_QS_REST (the rest: Hydra overrides for the trainer).
 sorl_qs_args() {
-  ALGO="${1:-so_grpo}"
-  (($#)) && shift
+  ALGO=so_grpo
+  if (($#)) && [[ "$1" != --out ]]; then
+    ALGO="$1"
+    shift
+  fi
   OUT=""
   if [[ "${1:-}" == "--out" ]]; then
     [[ -n "${2:-}" ]] || { echo "error: --out needs a folder" >&2; exit 1; }
