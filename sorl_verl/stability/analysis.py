@@ -487,6 +487,34 @@ def aggregate(results: list[RunResult]) -> list[Cell]:
     return cells
 
 
+def mixed_warm_starts(results: list[RunResult], digits: int = 3) -> str:
+    """A paragraph naming every (task, seed) whose runs started from different warm starts ("" if none).
+
+    A seed's warm start is made once per sweep folder, and its bits depend on the machine (its
+    kernels' sums), so runs of one seed made in different sittings can start from different models
+    even with the same settings. Told apart by the step-0 validation score (every method validates
+    the same model greedily on the same questions, so one warm start gives one score; two warm starts
+    with the same score are not told apart)."""
+    groups: dict[tuple[str, int], dict[float, list[str]]] = {}
+    for r in results:
+        titles = groups.setdefault((r.task, r.seed), {}).setdefault(round(r.warm, 4), [])
+        titles.append(r.label if r.pressure == "reuse_8x8" else f"{r.label} at {r.pressure}")
+    lines = []
+    for (task, seed), by_warm in sorted(groups.items(), key=lambda kv: (task_order(kv[0][0]), kv[0][1])):
+        if len(by_warm) > 1:
+            parts = "; ".join(
+                f"{warm:.{digits}f} ({len(t)} run{'s' if len(t) > 1 else ''}: {', '.join(sorted(t)) if len(t) <= 4 else 'the others'})"
+                for warm, t in sorted(by_warm.items(), key=lambda kv: len(kv[1]))
+            )
+            lines.append(f"{task} seed {seed}: {parts}")
+    if not lines:
+        return ""
+    return (
+        "Warm starts differ within a seed (runs made in different sittings, on machines whose kernels give "
+        "a seed's warm start other bits; step-0 validation score, runs): " + " | ".join(lines) + ".\n"
+    )
+
+
 def to_markdown(cells: list[Cell], digits: int = 3) -> str:
     lines = [
         "Validation score (mean over data sources) per off-policy pressure and method: mean ± std over seeds. "

@@ -21,6 +21,7 @@ from sorl_verl.stability.analysis import (
     arm_order,
     load_results,
     method_order,
+    mixed_warm_starts,
     paper_table,
     runs_csv,
     table_order,
@@ -378,10 +379,13 @@ def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     notes += segments["notes"]
     whole = [r for r in results if r.arm == WHOLE]
     cells = aggregate(results)
-    markdown = to_markdown(cells)
+    mixed = mixed_warm_starts(results)
+    if mixed:
+        notes.append(mixed.strip())
+    markdown = to_markdown(cells) + (f"\n{mixed}" if mixed else "")
     for name, text in (
         ("stability.md", markdown),
-        ("stability_paper.md", paper_table(cells)),
+        ("stability_paper.md", paper_table(cells) + (f"\n{mixed}" if mixed else "")),
         ("stability.csv", to_csv(cells)),
         ("stability_runs.csv", runs_csv(results)),
     ):

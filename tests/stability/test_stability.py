@@ -15,10 +15,12 @@ import pytest
 
 from sorl_verl.stability.analysis import (
     ArchiveError,
+    RunResult,
     archived_results,
     area_under_curve,
     is_collapsed,
     load_results,
+    mixed_warm_starts,
 )
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
@@ -935,3 +937,20 @@ def test_task_families_script_runs_the_parts_named_in_tasks(tmp_path):
     done, calls = script_calls("task_families.sh", tmp_path / "bad", SEEDS="2", TASKS="multihop bogus")
     assert done.returncode == 2 and calls == []
     assert "unknown task 'bogus'" in done.stderr and "multihop medical search" in done.stderr
+
+
+def test_runs_of_one_seed_from_different_warm_starts_are_named(tmp_path):
+    def result(method, label, seed, warm, pressure="reuse_8x8"):
+        return RunResult(
+            name=f"multihop__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label,
+            seed=seed, steps=[0, 20], scores=[warm, 0.5], warm=warm, peak=0.5, final=0.5, auc=0.5,
+            collapsed=False, task="multihop",
+        )  # fmt: skip
+
+    same = [result("ppo", "PPO", 1, 0.26), result("st_ppo", "ST-PPO", 1, 0.26), result("ppo", "PPO", 2, 0.13)]
+    assert mixed_warm_starts(same) == ""
+    mixed = [*same, result("ppo", "PPO", 3, 0.0794), result("st_ppo", "ST-PPO", 3, 0.0865),
+             result("ppo", "PPO", 3, 0.0865, pressure="reuse_1x2")]  # fmt: skip
+    text = mixed_warm_starts(mixed)
+    assert "multihop seed 3: 0.079 (1 run: PPO); 0.086 (2 runs: PPO at reuse_1x2, ST-PPO)" in text
+    assert "seed 1" not in text and "seed 2" not in text
