@@ -382,10 +382,11 @@ def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     mixed = mixed_warm_starts(results)
     if mixed:
         notes.append(mixed.strip())
-    markdown = to_markdown(cells) + (f"\n{mixed}" if mixed else "")
+    footer = f"\n{mixed}" if mixed else ""  # under both tables
+    markdown = to_markdown(cells) + footer
     for name, text in (
         ("stability.md", markdown),
-        ("stability_paper.md", paper_table(cells) + (f"\n{mixed}" if mixed else "")),
+        ("stability_paper.md", paper_table(cells) + footer),
         ("stability.csv", to_csv(cells)),
         ("stability_runs.csv", runs_csv(results)),
     ):

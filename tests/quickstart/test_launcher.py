@@ -8,9 +8,15 @@ import pytest
 LAUNCHER = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "launcher.sh"
 
 
+def _sorl_qs_args(*args: str, then: str = "") -> subprocess.CompletedProcess:
+    """``sorl_qs_args ARGS...`` in a bash that sourced the launcher, then the commands ``then``."""
+    script = f'source "{LAUNCHER}"; sorl_qs_args "$@"; {then}'
+    return subprocess.run(["bash", "-c", script, "sorl_qs_args", *args], capture_output=True, text=True)
+
+
 def _parse(*args: str) -> list[str]:
-    script = f'source "{LAUNCHER}"; sorl_qs_args "$@"; printf "%s\\n" "$ALGO" "$OUT" "${{SORL_QS_REST[@]}}"'
-    done = subprocess.run(["bash", "-c", script, "sorl_qs_args", *args], capture_output=True, text=True, check=True)
+    done = _sorl_qs_args(*args, then='printf "%s\\n" "$ALGO" "$OUT" "${SORL_QS_REST[@]}"')
+    assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
@@ -31,6 +37,5 @@ def test_algo_is_optional_before_out(args, expected):
 
 @pytest.mark.parametrize("args", [("st_ppo", "--out"), ("--out",)])
 def test_out_without_a_folder_is_an_error(args):
-    script = f'source "{LAUNCHER}"; sorl_qs_args "$@"'
-    done = subprocess.run(["bash", "-c", script, "sorl_qs_args", *args], capture_output=True, text=True)
+    done = _sorl_qs_args(*args)
     assert done.returncode == 1 and "--out needs a folder" in done.stderr

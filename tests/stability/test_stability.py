@@ -939,7 +939,7 @@ def test_task_families_script_runs_the_parts_named_in_tasks(tmp_path):
     assert "unknown task 'bogus'" in done.stderr and "multihop medical search" in done.stderr
 
 
-def test_runs_of_one_seed_from_different_warm_starts_are_named(tmp_path):
+def test_runs_of_one_seed_from_different_warm_starts_are_named():
     def result(method, label, seed, warm, pressure="reuse_8x8"):
         return RunResult(
             name=f"multihop__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label,
