@@ -23,6 +23,7 @@ from sorl_verl.stability.analysis import (
     method_order,
     mixed_warm_starts,
     paper_table,
+    pressure_order,
     runs_csv,
     table_order,
     task_order,
@@ -35,18 +36,16 @@ from sorl_verl.tables.plot import STABILITY_PANELS, metric_for_panel
 # ---------------------------------------------------------------- the figures
 
 
-def _mean_curve(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float]]:
-    """(steps every curve has, mean, sample std or 0) of several (steps, values) curves."""
+def _mean_curve(
+    curves: list[tuple[list[int], list[float]]],
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps every curve has, mean, min, max) of several (steps, values) curves."""
     if not curves:
-        return [], [], []
+        return [], [], [], []
     common = sorted(set.intersection(*(set(xs) for xs, _ in curves)))
     maps = [dict(zip(xs, ys, strict=True)) for xs, ys in curves]
-    means, stds = [], []
-    for step in common:
-        values = [m[step] for m in maps]
-        means.append(statistics.fmean(values))
-        stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-    return common, means, stds
+    columns = [[m[step] for m in maps] for step in common]
+    return common, [statistics.fmean(v) for v in columns], [min(v) for v in columns], [max(v) for v in columns]
 
 
 def _save(fig, out: Path) -> None:
@@ -116,24 +115,19 @@ def _legend(fig, axes, results: list[RunResult]) -> None:
 
 
 def plot_validation(results: list[RunResult], out: Path) -> int:
-    """Validation score vs step, one panel per pressure, one line per method (mean ± std over seeds)."""
+    """Validation score vs step, one panel per pressure, one line per method: the mean over seeds,
+    shaded from the lowest to the highest seed (a score's range, where mean ± std of three seeds
+    would leave it)."""
     grouped = _by_pressure_method(results)
     colors = _colors(results)
     fig, axes = _grid(len(grouped), min(4, len(grouped)), 4.6, 3.6)
     for ax, (pressure, by_method) in zip(axes.flat, grouped.items(), strict=False):
         for method, rs in by_method.items():
-            xs, mean, std = _mean_curve([(r.steps, r.scores) for r in rs])
+            xs, mean, low, high = _mean_curve([(r.steps, r.scores) for r in rs])
             color = colors[method]
             ax.plot(xs, mean, marker="o", markersize=3, linewidth=1.5, color=color, label=f"{rs[0].label}")
             if len(rs) > 1:
-                ax.fill_between(
-                    xs,
-                    [m - s for m, s in zip(mean, std, strict=True)],
-                    [m + s for m, s in zip(mean, std, strict=True)],
-                    color=color,
-                    alpha=0.15,
-                    linewidth=0,
-                )
+                ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
         ax.set_title(_panel_title(next(iter(by_method.values())), pressure), fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("validation score")
@@ -143,6 +137,53 @@ def plot_validation(results: list[RunResult], out: Path) -> int:
     _legend(fig, axes, results)
     _save(fig, out)
     return len(grouped)
+
+
+def task_panels(results: list[RunResult]) -> list[tuple[str, list[RunResult]]]:
+    """The panels of one task family's figure (:func:`plot_task_validation`): one per (method,
+    pressure) in the paper table's row order, titled with the method, the pressure and collapsed k/n."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for r in sorted(results, key=lambda r: (method_order(r.method), pressure_order(r.pressure), r.seed)):
+        groups.setdefault((r.method, r.pressure), []).append(r)
+    return [
+        (f"{rs[0].label}, {pressure}: collapsed {sum(r.collapsed for r in rs)}/{len(rs)}", rs)
+        for (_, pressure), rs in groups.items()
+    ]
+
+
+def plot_task_validation(results: list[RunResult], out: Path) -> int:
+    """One task family's validation curves, a panel per method (:func:`task_panels`): each seed's
+    curve (thin, numbered at its end) and their mean (bold) over the seeds' mean warm start (dashed),
+    on one score axis, so a collapse and a spread between seeds are seen at a glance; returns the
+    number of panels."""
+    from matplotlib.ticker import MaxNLocator
+
+    panels = task_panels(results)
+    fig, axes = _grid(len(panels), min(4, len(panels)), 3.3, 2.6)
+    for ax, (title, rs) in zip(axes.flat, panels, strict=False):
+        for r in rs:
+            ax.plot(r.steps, r.scores, linewidth=0.9, alpha=0.55, color="tab:blue")
+            ax.annotate(str(r.seed), (r.steps[-1], r.scores[-1]), fontsize=7, color="tab:blue",
+                        xytext=(3, 0), textcoords="offset points", va="center")  # fmt: skip
+        xs, mean, *_ = _mean_curve([(r.steps, r.scores) for r in rs])
+        ax.plot(xs, mean, linewidth=2.0, color="black", label="mean over seeds")
+        ax.axhline(statistics.fmean(r.warm for r in rs), color="gray", linestyle="--", linewidth=0.9)
+        ax.set_title(title, fontsize=8)
+        ax.set_ylim(-0.03, 1.03)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("training step", fontsize=8)
+        ax.set_ylabel("validation score", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(
+        f"{results[0].task}: validation score per seed (thin, numbered), mean (bold), warm start (dashed)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    _save(fig, out)
+    return len(panels)
 
 
 def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
@@ -162,7 +203,7 @@ def plot_diagnostics(results: list[RunResult], out: Path) -> list[str]:
             ax = axes[i][j]
             for method, rs in grouped[pressure].items():
                 curves = [r.run.series(metric) for r in rs if r.run is not None]
-                xs, mean, _ = _mean_curve([c for c in curves if c[0]])
+                xs, mean, *_ = _mean_curve([c for c in curves if c[0]])
                 if xs:
                     ax.plot(xs, mean, linewidth=1.3, color=colors[method], label=rs[0].label)
             if i == 0:
@@ -298,7 +339,7 @@ def plot_segments(results: list[RunResult], out: Path) -> int:
             kw = {"color": color[arm], "linestyle": style[method], "linewidth": 1.4}
             label = f"{rs[0].label} [{arm}]"  # the whole arm named too: the legend lists every arm
             order.setdefault(label, (arm_order(arm), method_order(method)))
-            xs, mean, _ = _mean_curve([(r.steps, r.scores) for r in rs])
+            xs, mean, *_ = _mean_curve([(r.steps, r.scores) for r in rs])
             axes[0].plot(xs, mean, marker="o", markersize=3, label=label, **kw)
             for j, xs_of in ((1, lambda r: r.curve_turns), (2, lambda r: r.curve_wall)):
                 xs, ys = _measured_curve(rs, xs_of)
@@ -308,7 +349,7 @@ def plot_segments(results: list[RunResult], out: Path) -> int:
                 if metric is None:
                     continue
                 curves = [r.run.series(metric) for r in rs if r.run is not None]
-                xs, mean, _ = _mean_curve([c for c in curves if c[0]])
+                xs, mean, *_ = _mean_curve([c for c in curves if c[0]])
                 if xs:
                     axes[j].plot(xs, mean, **kw)
         for ax, (title, xlabel, ylabel) in zip(axes, SEGMENT_PANELS, strict=True):
@@ -400,7 +441,7 @@ def write_report(sweep_dir: Path, archives: list[Path] | tuple[Path, ...] = ()) 
     tasks = sorted({r.task for r in whole}, key=task_order)
     for task in tasks if len(tasks) > 1 else ():  # one figure of validation curves per task family
         name = f"validation_{task}.png"
-        plot_validation([r for r in whole if r.task == task], sweep_dir / name)
+        plot_task_validation([r for r in whole if r.task == task], sweep_dir / name)
         written[name] = str(sweep_dir / name)
     drawn = plot_diagnostics(whole, sweep_dir / "diagnostics.png") if whole else []
     if drawn:

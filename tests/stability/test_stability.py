@@ -24,7 +24,7 @@ from sorl_verl.stability.analysis import (
 )
 from sorl_verl.stability.cli import main
 from sorl_verl.stability.grid import PRESSURES, QUICK, Budget, Pressure, RunSpec, build_grid, prepare_args
-from sorl_verl.stability.report import write_report
+from sorl_verl.stability.report import plot_task_validation, task_panels, write_report
 from sorl_verl.stability.sweep import (
     DONE_MARKER,
     RUN_RECORD,
@@ -954,3 +954,25 @@ def test_runs_of_one_seed_from_different_warm_starts_are_named():
     text = mixed_warm_starts(mixed)
     assert "multihop seed 3: 0.079 (1 run: PPO); 0.086 (2 runs: PPO at reuse_1x2, ST-PPO)" in text
     assert "seed 1" not in text and "seed 2" not in text
+
+
+def test_a_task_familys_figure_has_a_panel_per_method_in_the_papers_row_order(tmp_path):
+    def result(method, label, seed, final, pressure="reuse_8x8", collapsed=False):
+        return RunResult(
+            name=f"medical__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label,
+            seed=seed, steps=[0, 10, 20], scores=[0.25, 0.4, final], warm=0.25, peak=max(0.4, final),
+            final=final, auc=0.4, collapsed=collapsed, task="medical",
+        )  # fmt: skip
+
+    runs = [result("ppo", "PPO", 2, 0.0, collapsed=True), result("grpo", "GRPO", 1, 0.6),
+            result("ppo", "PPO", 1, 0.5, pressure="reuse_1x2"), result("ppo", "PPO", 1, 0.6),
+            result("grpo", "GRPO", 2, 0.3)]  # fmt: skip
+    panels = task_panels(runs)
+    assert [title for title, _ in panels] == [
+        "GRPO, reuse_8x8: collapsed 0/2",
+        "PPO, reuse_1x2: collapsed 0/1",
+        "PPO, reuse_8x8: collapsed 1/2",
+    ]
+    assert [[r.seed for r in rs] for _, rs in panels] == [[1, 2], [1], [1, 2]]  # every seed its own curve
+    out = tmp_path / "validation_medical.png"
+    assert plot_task_validation(runs, out) == 3 and out.read_bytes()[:4] == b"\x89PNG"
