@@ -490,9 +490,9 @@ def aggregate(results: list[RunResult]) -> list[Cell]:
 def mixed_warm_starts(results: list[RunResult], digits: int = 3) -> str:
     """A paragraph naming every (task, seed) whose runs started from different warm starts ("" if none).
 
-    A seed's warm start is made once per sweep folder, and its bits depend on the machine (its
-    kernels' sums), so runs of one seed made in different sittings can start from different models
-    even with the same settings. Told apart by the step-0 validation score (every method validates
+    A seed's warm start is made once per sweep folder, and its bits can differ between machines (their
+    kernels' sums; also seen between sittings on machines of one kind), so runs of one seed made in
+    different sittings can start from different models even with the same settings. Told apart by the step-0 validation score (every method validates
     the same model greedily on the same questions, so one warm start gives one score; two warm starts
     with the same score are not told apart)."""
     groups: dict[tuple[str, int], dict[float, list[str]]] = {}
@@ -510,8 +510,10 @@ def mixed_warm_starts(results: list[RunResult], digits: int = 3) -> str:
     if not lines:
         return ""
     return (
-        "Warm starts differ within a seed (runs made in different sittings, on machines whose kernels give "
-        "a seed's warm start other bits; step-0 validation score, runs): " + " | ".join(lines) + ".\n"
+        "Warm starts differ within a seed (runs made in different sittings: a seed's warm start is rebuilt "
+        "in each sweep folder and has not always come out the same; step-0 validation score, runs): "
+        + " | ".join(lines)
+        + ".\n"
     )
 
 
