@@ -166,7 +166,7 @@ def plot_task_validation(results: list[RunResult], out: Path) -> int:
             ax.annotate(str(r.seed), (r.steps[-1], r.scores[-1]), fontsize=7, color="tab:blue",
                         xytext=(3, 0), textcoords="offset points", va="center")  # fmt: skip
         xs, mean, *_ = _mean_curve([(r.steps, r.scores) for r in rs])
-        ax.plot(xs, mean, linewidth=2.0, color="black", label="mean over seeds")
+        ax.plot(xs, mean, linewidth=2.0, color="black")
         ax.axhline(statistics.fmean(r.warm for r in rs), color="gray", linestyle="--", linewidth=0.9)
         ax.set_title(title, fontsize=8)
         ax.set_ylim(-0.03, 1.03)
