@@ -493,8 +493,8 @@ def mixed_warm_starts(results: list[RunResult], digits: int = 3) -> str:
     A seed's warm start is made once per sweep folder, and its bits can differ between machines (their
     kernels' sums; also seen between sittings on machines of one kind), so runs of one seed made in
     different sittings can start from different models even with the same settings. Told apart by the
-    step-0 validation score (every method validates the same model greedily on the same questions, so one warm start gives one score; two warm starts
-    with the same score are not told apart)."""
+    step-0 validation score (every method validates the same model greedily on the same questions, so
+    one warm start gives one score; two warm starts with the same score are not told apart)."""
     groups: dict[tuple[str, int], dict[float, list[str]]] = {}
     for r in results:
         titles = groups.setdefault((r.task, r.seed), {}).setdefault(round(r.warm, 4), [])
