@@ -939,13 +939,18 @@ def test_task_families_script_runs_the_parts_named_in_tasks(tmp_path):
     assert "unknown task 'bogus'" in done.stderr and "multihop medical search" in done.stderr
 
 
+def _result(task, method, label, seed, scores, pressure="reuse_8x8", collapsed=False):
+    """A finished run's figures of merit over validation steps 0, 10, 20, ... (``scores``)."""
+    return RunResult(
+        name=f"{task}__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label, seed=seed,
+        steps=[10 * i for i in range(len(scores))], scores=list(scores), warm=scores[0], peak=max(scores),
+        final=scores[-1], auc=0.5, collapsed=collapsed, task=task,
+    )  # fmt: skip
+
+
 def test_runs_of_one_seed_from_different_warm_starts_are_named():
     def result(method, label, seed, warm, pressure="reuse_8x8"):
-        return RunResult(
-            name=f"multihop__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label,
-            seed=seed, steps=[0, 20], scores=[warm, 0.5], warm=warm, peak=0.5, final=0.5, auc=0.5,
-            collapsed=False, task="multihop",
-        )  # fmt: skip
+        return _result("multihop", method, label, seed, [warm, 0.5], pressure=pressure)
 
     same = [result("ppo", "PPO", 1, 0.26), result("st_ppo", "ST-PPO", 1, 0.26), result("ppo", "PPO", 2, 0.13)]
     assert mixed_warm_starts(same) == ""
@@ -958,11 +963,7 @@ def test_runs_of_one_seed_from_different_warm_starts_are_named():
 
 def test_a_task_familys_figure_has_a_panel_per_method_in_the_papers_row_order(tmp_path):
     def result(method, label, seed, final, pressure="reuse_8x8", collapsed=False):
-        return RunResult(
-            name=f"medical__{pressure}__{method}__s{seed}", pressure=pressure, method=method, label=label,
-            seed=seed, steps=[0, 10, 20], scores=[0.25, 0.4, final], warm=0.25, peak=max(0.4, final),
-            final=final, auc=0.4, collapsed=collapsed, task="medical",
-        )  # fmt: skip
+        return _result("medical", method, label, seed, [0.25, 0.4, final], pressure=pressure, collapsed=collapsed)
 
     runs = [result("ppo", "PPO", 2, 0.0, collapsed=True), result("grpo", "GRPO", 1, 0.6),
             result("ppo", "PPO", 1, 0.5, pressure="reuse_1x2"), result("ppo", "PPO", 1, 0.6),
