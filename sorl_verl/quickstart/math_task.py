@@ -305,10 +305,7 @@ def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, 
     :func:`~sorl_verl.quickstart.sft.teacher_forced_exact`): about the ceiling of the training
     reward RL can reach by teaching it to finish the computation.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from sorl_verl.quickstart.sft import teacher_forced_exact, tokenize_trajectory
+    from sorl_verl.quickstart.sft import load_causal_lm, teacher_forced_exact, tokenize_trajectory
 
     sft = [p for p in problems if p.split == "sft"]
     checked = [p for p in problems if p.split == "train"][:WORK_CHECK_PROBLEMS]
@@ -323,7 +320,7 @@ def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, 
         return [tokenize_trajectory(tokenizer, prompt_messages(p), s) for p, s in zip(sft, segments, strict=True)]
 
     model_dir, stats = build_warm_start(run_dir, cfg, texts, (), make_examples, show_progress)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = load_causal_lm(model_dir)
     full = [tokenize_trajectory(tokenizer, prompt_messages(p), demonstration(p, FULL_UNTAUGHT)) for p in checked]
     return {
         **stats,

@@ -66,6 +66,8 @@ class WarmStartConfig:
     sft_steps: int = 1000
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
+    # SFT batches drawn this many at a time and grouped by length (sft.length_grouped_batches): less padding
+    sft_length_groups: int = 4
 
 
 @dataclass
@@ -185,6 +187,7 @@ def build_warm_start(
         steps=cfg.sft_steps,
         batch_size=cfg.sft_batch_size,
         lr=cfg.sft_lr,
+        length_groups=cfg.sft_length_groups,
         seed=cfg.seed,
         show_progress=show_progress,
     )
@@ -424,16 +427,15 @@ def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: Prep
     Measured (docs/quickstart.md): with 1000 SFT steps some seeds and machines did not get there
     (the copying skill appears late in SFT); such a warm start leaves RL no reward to learn from.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from sorl_verl.quickstart.sft import pad_token_id, teacher_forced_exact, tokenize_trajectory
+    from sorl_verl.quickstart.sft import load_causal_lm, pad_token_id, teacher_forced_exact, tokenize_trajectory
 
     facts = facts[:COPY_CHECK_FACTS]
     if not facts:
         return float("nan")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = load_causal_lm(model_dir)
     segments = demonstration_segments(facts, index_dir, cfg.topk)
     examples = [
         tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from sorl_verl.quickstart.sft import collate, masked_lm_loss, tokenize_trajectory, train_sft
+from sorl_verl.quickstart.sft import (
+    collate,
+    length_grouped_batches,
+    load_causal_lm,
+    masked_lm_loss,
+    tokenize_trajectory,
+    train_sft,
+)
 from sorl_verl.quickstart.task import SEARCH_R1_TAGS, demonstration, generate_facts, prompt_messages
 
 INFO = '\n\n<information>Doc 1(Title: "Vobipos") Vobipos is a small country. Its capital is Nide.\n</information>\n\n'
@@ -116,6 +123,80 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_model(tiny, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(path)
     assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
     assert (out / "tokenizer.json").is_file()
+    # SFT's attention kernel is not pinned in the checkpoint: RL loads it with its own
+    assert "sdpa" not in (out / "config.json").read_text()
+
+
+def test_sft_attention_computes_what_the_rl_sides_eager_attention_computes(tiny):
+    # SFT trains with sdpa, RL (sorl_verl.platform) computes with eager attention: on a right-padded
+    # batch their logits must agree at every real position.
+    from transformers import AutoModelForCausalLM
+
+    path, tokenizer, facts = tiny
+    examples = [tokenize_trajectory(tokenizer, prompt_messages(f.question), demonstration(f, INFO)) for f in facts[:6]]
+    examples[0].input_ids, examples[0].loss_mask = examples[0].input_ids[:9], examples[0].loss_mask[:9]
+    batch = collate(examples, pad_id=0)
+    torch.manual_seed(0)
+    fused = load_causal_lm(path).eval()
+    eager = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in fused.parameters():  # the built model's init is small: make attention matter
+            p.add_(0.5 * torch.randn_like(p))
+        eager.load_state_dict(fused.state_dict())
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        a, b = fused(**kwargs).logits, eager(**kwargs).logits
+    real = batch["attention_mask"].bool()
+    assert a.shape == b.shape and real.sum() < real.numel()
+    torch.testing.assert_close(a[real], b[real], rtol=1e-4, atol=1e-4)
+    assert a[real].std() > 0.1  # logits that differ between tokens, not a constant both agree on
+
+
+def _plain_draws(n: int, size: int, steps: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(n, (size,), generator=g).tolist() for _ in range(steps)]
+
+
+def test_length_groups_of_one_are_the_plain_random_batches():
+    lengths = [3, 50, 7, 120, 9, 64, 31, 2, 80, 15]
+    batches = list(length_grouped_batches(lengths, 4, 7, 1, torch.Generator().manual_seed(5)))
+    assert batches == _plain_draws(len(lengths), 4, 7, seed=5)
+
+
+def test_length_grouped_batches_draw_the_same_indices_and_pad_less():
+    lengths = torch.randint(10, 400, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    size, groups, steps = 16, 4, 10  # the last draw holds 2 batches, not 4
+    batches = list(length_grouped_batches(lengths, size, steps, groups, torch.Generator().manual_seed(1)))
+    assert len(batches) == steps and all(len(b) == size for b in batches)
+    # each draw of `groups` batches holds exactly the indices drawn at random, cut by length
+    g = torch.Generator().manual_seed(1)
+    for first in range(0, steps, groups):
+        count = min(groups, steps - first)
+        drawn = torch.randint(len(lengths), (count * size,), generator=g).tolist()
+        torch.randperm(count, generator=g)
+        chunk = batches[first : first + count]
+        assert sorted(i for b in chunk for i in b) == sorted(drawn)
+        spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in chunk)
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:], strict=False))  # batches do not overlap
+
+    def padded(bs):
+        return sum(max(lengths[i] for i in b) * len(b) for b in bs) / sum(lengths[i] for b in bs for i in b)
+
+    plain = _plain_draws(len(lengths), size, steps, seed=1)
+    assert padded(batches) < 0.8 * padded(plain)
+    # not always the shortest batch first: the batches of a draw come in a random order
+    orders = {
+        tuple(sorted(range(groups), key=lambda k, bs=bs: max(lengths[i] for i in bs[k])))
+        for bs in (
+            list(length_grouped_batches(lengths, size, groups, groups, torch.Generator().manual_seed(s)))
+            for s in range(6)
+        )
+    }
+    assert len(orders) > 1
+
+
+def test_length_grouped_batches_reject_groups_below_one():
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        next(length_grouped_batches([1, 2], 2, 1, 0, torch.Generator()))
 
 
 def test_sft_rejects_empty(tiny):

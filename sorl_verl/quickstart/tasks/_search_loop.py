@@ -104,15 +104,14 @@ class TrajectoryCheck:
     demonstrations: Demonstrations
 
     def __call__(self, model_dir: Path, cfg) -> float:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from sorl_verl.quickstart.sft import pad_token_id, teacher_forced_exact
+        from sorl_verl.quickstart.sft import load_causal_lm, pad_token_id, teacher_forced_exact
 
         if not self.demonstrations.prompts:
             return float("nan")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+        model = load_causal_lm(model_dir)
         examples = self.demonstrations(tokenizer)
         search_tag = tokenizer.convert_tokens_to_ids("<search>")
         return teacher_forced_exact(model, examples, pad_token_id(tokenizer), ignore_targets=[search_tag])
