@@ -320,7 +320,7 @@ def build_model(run_dir: Path, problems: list[Problem], cfg: MathPrepareConfig, 
         return [tokenize_trajectory(tokenizer, prompt_messages(p), s) for p, s in zip(sft, segments, strict=True)]
 
     model_dir, stats = build_warm_start(run_dir, cfg, texts, (), make_examples, show_progress)
-    model = load_causal_lm(model_dir)
+    model = load_causal_lm(model_dir, cfg.sft_attention)
     full = [tokenize_trajectory(tokenizer, prompt_messages(p), demonstration(p, FULL_UNTAUGHT)) for p in checked]
     return {
         **stats,

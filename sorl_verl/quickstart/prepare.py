@@ -66,8 +66,11 @@ class WarmStartConfig:
     sft_steps: int = 1000
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
-    # SFT batches drawn this many at a time and grouped by length (sft.length_grouped_batches): less padding
-    sft_length_groups: int = 4
+    # SFT's attention kernel ("eager" or "sdpa", the same function) and how many batches are drawn at
+    # a time and grouped by length (sft.length_grouped_batches; 1: each drawn alone). The defaults are
+    # the recipe the search and math warm starts were measured with; the longer tasks set the faster one.
+    sft_attention: str = "eager"
+    sft_length_groups: int = 1
 
 
 @dataclass
@@ -188,6 +191,7 @@ def build_warm_start(
         batch_size=cfg.sft_batch_size,
         lr=cfg.sft_lr,
         length_groups=cfg.sft_length_groups,
+        attention=cfg.sft_attention,
         seed=cfg.seed,
         show_progress=show_progress,
     )
@@ -435,7 +439,7 @@ def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: Prep
     if not facts:
         return float("nan")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = load_causal_lm(model_dir)
+    model = load_causal_lm(model_dir, cfg.sft_attention)
     segments = demonstration_segments(facts, index_dir, cfg.topk)
     examples = [
         tokenize_trajectory(tokenizer, prompt_messages(f.question), demo, cfg.max_obs_length)
@@ -447,6 +451,10 @@ def copy_accuracy(model_dir: Path, facts: list[Fact], index_dir: Path, cfg: Prep
 
 class PrepareMismatch(ValueError):
     """``prepare.json`` of a run folder records other settings than the ones asked for."""
+
+
+# settings added to WarmStartConfig after folders were prepared without them: what those folders used
+LEGACY_SETTINGS = {"sft_attention": "eager", "sft_length_groups": 1}
 
 
 def check_prepared(marker: Path, cfg: WarmStartConfig) -> dict:
@@ -461,6 +469,7 @@ def check_prepared(marker: Path, cfg: WarmStartConfig) -> dict:
             f"{marker}: not a prepare record ({e}); remove the run folder to prepare it again"
         ) from None
     wanted = json.loads(json.dumps(asdict(cfg)))  # the types the JSON round trip gives (tuples -> lists)
+    recorded = {**LEGACY_SETTINGS, **recorded}
     differ = sorted(
         k for k in set(wanted) | set(recorded) if recorded.get(k, "<missing>") != wanted.get(k, "<missing>")
     )

@@ -23,17 +23,19 @@ import torch
 from sorl_verl.fileio import atomic_dir
 from sorl_verl.progress import progress
 
-# SFT and the warm-start checks compute attention with torch's fused kernel: the same function as the
-# eager softmax(QK^T)V the RL side uses on CPU (sorl_verl.platform), about 2x faster at the quick
-# start's lengths on one core. The checkpoint does not record it: RL loads the weights with its own.
-SFT_ATTENTION = "sdpa"
+# the attention kernels SFT can train with: the same function (softmax(QK^T)V over the unmasked
+# keys); "sdpa" is torch's fused one, faster at the longer tasks' lengths. Not recorded in the
+# checkpoint: RL loads the weights with the CPU platform's own ("eager").
+SFT_ATTENTION = ("eager", "sdpa")
 
 
-def load_causal_lm(model_dir: str | os.PathLike):
-    """The causal LM in ``model_dir``, float32, with :data:`SFT_ATTENTION`."""
+def load_causal_lm(model_dir: str | os.PathLike, attention: str = "eager"):
+    """The causal LM in ``model_dir``, float32, with ``attention`` (one of :data:`SFT_ATTENTION`)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=SFT_ATTENTION)
+    if attention not in SFT_ATTENTION:
+        raise ValueError(f"SFT attention {attention!r}: choose from {', '.join(SFT_ATTENTION)}")
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention)
 
 
 @dataclass
@@ -167,6 +169,7 @@ def train_sft(
     batch_size: int = 32,
     lr: float = 3e-3,
     length_groups: int = 1,
+    attention: str = "eager",
     warmup_steps: int = 20,
     seed: int = 0,
     out_dir: str | os.PathLike | None = None,
@@ -175,7 +178,8 @@ def train_sft(
     """Train the causal LM in ``model_dir`` on ``examples``; save it to ``out_dir`` (default: in place).
 
     AdamW with linear warm-up then cosine decay; batches drawn with a seeded generator, ``length_groups``
-    at a time by length (:func:`length_grouped_batches`).
+    at a time by length (:func:`length_grouped_batches`), attention computed by ``attention``
+    (:data:`SFT_ATTENTION`).
     The folder is written to a temporary sibling then renamed, so a crash leaves the old
     model intact. Returns the per-step training losses.
     """
@@ -187,7 +191,7 @@ def train_sft(
     out = Path(out_dir) if out_dir is not None else model_dir
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(seed)
-    model = load_causal_lm(model_dir)
+    model = load_causal_lm(model_dir, attention)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
 

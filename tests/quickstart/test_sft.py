@@ -115,7 +115,16 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_model(tiny, tmp_path):
     examples = [tokenize_trajectory(tokenizer, prompt_messages(f.question), demonstration(f, INFO)) for f in facts]
     out = tmp_path / "sft"
     losses = train_sft(
-        path, examples, steps=40, batch_size=8, lr=1e-2, warmup_steps=5, out_dir=out, show_progress=False
+        path,
+        examples,
+        steps=40,
+        batch_size=8,
+        lr=1e-2,
+        warmup_steps=5,
+        out_dir=out,
+        show_progress=False,
+        length_groups=4,
+        attention="sdpa",
     )
     assert len(losses) == 40
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
@@ -137,7 +146,7 @@ def test_sft_attention_computes_what_the_rl_sides_eager_attention_computes(tiny)
     examples[0].input_ids, examples[0].loss_mask = examples[0].input_ids[:9], examples[0].loss_mask[:9]
     batch = collate(examples, pad_id=0)
     torch.manual_seed(0)
-    fused = load_causal_lm(path).eval()
+    fused = load_causal_lm(path, "sdpa").eval()
     eager = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         for p in fused.parameters():  # the built model's init is small: make attention matter
@@ -149,6 +158,12 @@ def test_sft_attention_computes_what_the_rl_sides_eager_attention_computes(tiny)
     assert a.shape == b.shape and real.sum() < real.numel()
     torch.testing.assert_close(a[real], b[real], rtol=1e-4, atol=1e-4)
     assert a[real].std() > 0.1  # logits that differ between tokens, not a constant both agree on
+
+
+def test_sft_refuses_an_unknown_attention(tiny):
+    path, _, _ = tiny
+    with pytest.raises(ValueError, match="SFT attention 'flash': choose from eager, sdpa"):
+        load_causal_lm(path, "flash")
 
 
 def _plain_draws(n: int, size: int, steps: int, seed: int) -> list[list[int]]:

@@ -111,7 +111,7 @@ class TrajectoryCheck:
         if not self.demonstrations.prompts:
             return float("nan")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = load_causal_lm(model_dir)
+        model = load_causal_lm(model_dir, cfg.sft_attention)
         examples = self.demonstrations(tokenizer)
         search_tag = tokenizer.convert_tokens_to_ids("<search>")
         return teacher_forced_exact(model, examples, pad_token_id(tokenizer), ignore_targets=[search_tag])
