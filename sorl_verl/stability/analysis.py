@@ -502,9 +502,12 @@ def mixed_warm_starts(results: list[RunResult], digits: int = 3) -> str:
     lines = []
     for (task, seed), by_warm in sorted(groups.items(), key=lambda kv: (task_order(kv[0][0]), kv[0][1])):
         if len(by_warm) > 1:
+            # smallest group first; only the largest, when long, is "the others"
+            ordered = sorted(by_warm.items(), key=lambda kv: len(kv[1]))
             parts = "; ".join(
-                f"{warm:.{digits}f} ({len(t)} run{'s' if len(t) > 1 else ''}: {', '.join(sorted(t)) if len(t) <= 4 else 'the others'})"
-                for warm, t in sorted(by_warm.items(), key=lambda kv: len(kv[1]))
+                f"{warm:.{digits}f} ({len(t)} run{'s' if len(t) > 1 else ''}: "
+                f"{'the others' if k == len(ordered) - 1 and len(t) > 4 else ', '.join(sorted(t))})"
+                for k, (warm, t) in enumerate(ordered)
             )
             lines.append(f"{task} seed {seed}: {parts}")
     if not lines:

@@ -959,6 +959,12 @@ def test_runs_of_one_seed_from_different_warm_starts_are_named():
     text = mixed_warm_starts(mixed)
     assert "multihop seed 3: 0.079 (1 run: PPO); 0.086 (2 runs: PPO at reuse_1x2, ST-PPO)" in text
     assert "seed 1" not in text and "seed 2" not in text
+    # two long groups: the smaller one is named run by run, only the larger one is "the others"
+    methods = [("ppo", "PPO"), ("st_ppo", "ST-PPO"), ("grpo", "GRPO"), ("so_grpo", "SO-GRPO"), ("gspo", "GSPO")]
+    long = [result(m, label, 4, 0.0) for m, label in methods] + [result(m, label, 4, 0.059, pressure=p)
+            for m, label in methods for p in ("reuse_1x2", "lr_5e-4")]  # fmt: skip
+    text = mixed_warm_starts(long)
+    assert "multihop seed 4: 0.000 (5 runs: GRPO, GSPO, PPO, SO-GRPO, ST-PPO); 0.059 (10 runs: the others)" in text
 
 
 def test_a_task_familys_figure_has_a_panel_per_method_in_the_papers_row_order(tmp_path):
