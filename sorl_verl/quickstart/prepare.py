@@ -66,11 +66,9 @@ class WarmStartConfig:
     sft_steps: int = 1000
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
-    # SFT's attention kernel ("eager" or "sdpa", the same function) and how many batches are drawn at
-    # a time and grouped by length (sft.length_grouped_batches; 1: each drawn alone). The defaults are
-    # the recipe the search and math warm starts were measured with; the longer tasks set the faster one.
+    # SFT's attention kernel, "eager" or "sdpa" (sft.SFT_ATTENTION: the same function, sdpa faster on
+    # long demonstrations). The default is what the search and math warm starts were measured with.
     sft_attention: str = "eager"
-    sft_length_groups: int = 1
 
 
 @dataclass
@@ -190,7 +188,6 @@ def build_warm_start(
         steps=cfg.sft_steps,
         batch_size=cfg.sft_batch_size,
         lr=cfg.sft_lr,
-        length_groups=cfg.sft_length_groups,
         attention=cfg.sft_attention,
         seed=cfg.seed,
         show_progress=show_progress,
@@ -454,7 +451,7 @@ class PrepareMismatch(ValueError):
 
 
 # settings added to WarmStartConfig after folders were prepared without them: what those folders used
-LEGACY_SETTINGS = {"sft_attention": "eager", "sft_length_groups": 1}
+LEGACY_SETTINGS = {"sft_attention": "eager"}
 
 
 def check_prepared(marker: Path, cfg: WarmStartConfig) -> dict:

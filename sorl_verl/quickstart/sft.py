@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,34 +107,6 @@ def masked_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: tor
     return (token_loss * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def length_grouped_batches(
-    lengths: Sequence[int], batch_size: int, steps: int, groups: int, generator: torch.Generator
-) -> Iterator[list[int]]:
-    """``steps`` batches of example indices, each index drawn uniformly with replacement.
-
-    The indices of ``groups`` batches are drawn at once, sorted by ``lengths`` and cut into ``groups``
-    batches of similar length, which are then taken in a random order: a batch pads less (right
-    padding to its longest example), while every example keeps the same chance to be drawn at every
-    step. ``groups=1`` is a plain random batch per step (the same draws). Batches hold
-    ``min(batch_size, len(lengths))`` indices.
-    """
-    if groups < 1:
-        raise ValueError(f"length_grouped_batches: groups must be >= 1, got {groups}")
-    size = min(batch_size, len(lengths))
-    by_length = torch.as_tensor(lengths)
-    made = 0
-    while made < steps:
-        count = min(groups, steps - made)
-        drawn = torch.randint(len(lengths), (count * size,), generator=generator)
-        if count == 1:
-            yield drawn.tolist()
-        else:
-            ordered = drawn[torch.sort(by_length[drawn], stable=True).indices].view(count, size)
-            for row in torch.randperm(count, generator=generator).tolist():
-                yield ordered[row].tolist()
-        made += count
-
-
 @torch.no_grad()
 def teacher_forced_exact(
     model, examples: Sequence[SFTExample], pad_id: int, ignore_targets: Sequence[int] = (), batch_size: int = 32
@@ -168,7 +140,6 @@ def train_sft(
     steps: int = 300,
     batch_size: int = 32,
     lr: float = 3e-3,
-    length_groups: int = 1,
     attention: str = "eager",
     warmup_steps: int = 20,
     seed: int = 0,
@@ -177,9 +148,8 @@ def train_sft(
 ) -> list[float]:
     """Train the causal LM in ``model_dir`` on ``examples``; save it to ``out_dir`` (default: in place).
 
-    AdamW with linear warm-up then cosine decay; batches drawn with a seeded generator, ``length_groups``
-    at a time by length (:func:`length_grouped_batches`), attention computed by ``attention``
-    (:data:`SFT_ATTENTION`).
+    AdamW with linear warm-up then cosine decay; batches drawn with a seeded generator; attention
+    computed by ``attention`` (:data:`SFT_ATTENTION`).
     The folder is written to a temporary sibling then renamed, so a crash leaves the old
     model intact. Returns the per-step training losses.
     """
@@ -205,9 +175,9 @@ def train_sft(
     generator = torch.Generator().manual_seed(seed)
     pad_id = pad_token_id(tokenizer)
     losses: list[float] = []
-    batches = length_grouped_batches([len(e.input_ids) for e in examples], batch_size, steps, length_groups, generator)
-    bar = progress(batches, total=steps, desc="sft warm start", disable=not show_progress)
-    for pick in bar:
+    bar = progress(range(steps), desc="sft warm start", disable=not show_progress)
+    for _ in bar:
+        pick = torch.randint(len(examples), (min(batch_size, len(examples)),), generator=generator).tolist()
         batch = collate([examples[i] for i in pick], pad_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         loss = masked_lm_loss(logits, batch["input_ids"], batch["loss_mask"])

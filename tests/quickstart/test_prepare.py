@@ -86,7 +86,6 @@ def test_prepare_is_skipped_when_done(prepared):
         {"guess_fraction": 0.5},
         {"sizes": {"sft": 40, "train": 12, "val": 9}},
         {"sft_attention": "sdpa"},
-        {"sft_length_groups": 4},
     ],
 )
 def test_prepare_refuses_other_settings(prepared, change):
@@ -99,9 +98,9 @@ def test_prepare_refuses_other_settings(prepared, change):
     assert (run_dir / "prepare.json").read_bytes() == stamp
 
 
-def test_a_record_made_before_the_sft_recipe_settings_reads_as_the_old_recipe(prepared, tmp_path):
-    # folders prepared before sft_attention / sft_length_groups existed were made with eager attention
-    # and plain random batches: still valid for that recipe, refused for another, naming the setting
+def test_a_record_made_before_the_sft_attention_setting_reads_as_eager(prepared, tmp_path):
+    # folders prepared before sft_attention existed were made with eager attention: still valid for
+    # that recipe, refused for another, naming the setting
     import shutil
 
     from sorl_verl.quickstart.prepare import LEGACY_SETTINGS
@@ -113,7 +112,7 @@ def test_a_record_made_before_the_sft_recipe_settings_reads_as_the_old_recipe(pr
     for key in LEGACY_SETTINGS:
         del record["config"][key]
     (old / "prepare.json").write_text(json.dumps(record))
-    assert (cfg.sft_attention, cfg.sft_length_groups) == ("eager", 1)
+    assert cfg.sft_attention == "eager"
     assert prepare(old, cfg, show_progress=False)["facts"] == record["facts"]
     with pytest.raises(PrepareMismatch, match=r"sft_attention: prepared 'eager', asked 'sdpa'"):
         prepare(old, dataclasses.replace(cfg, sft_attention="sdpa"), show_progress=False)

@@ -5,7 +5,6 @@ import torch
 
 from sorl_verl.quickstart.sft import (
     collate,
-    length_grouped_batches,
     load_causal_lm,
     masked_lm_loss,
     tokenize_trajectory,
@@ -123,7 +122,6 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_model(tiny, tmp_path):
         warmup_steps=5,
         out_dir=out,
         show_progress=False,
-        length_groups=4,
         attention="sdpa",
     )
     assert len(losses) == 40
@@ -164,54 +162,6 @@ def test_sft_refuses_an_unknown_attention(tiny):
     path, _, _ = tiny
     with pytest.raises(ValueError, match="SFT attention 'flash': choose from eager, sdpa"):
         load_causal_lm(path, "flash")
-
-
-def _plain_draws(n: int, size: int, steps: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(n, (size,), generator=g).tolist() for _ in range(steps)]
-
-
-def test_length_groups_of_one_are_the_plain_random_batches():
-    lengths = [3, 50, 7, 120, 9, 64, 31, 2, 80, 15]
-    batches = list(length_grouped_batches(lengths, 4, 7, 1, torch.Generator().manual_seed(5)))
-    assert batches == _plain_draws(len(lengths), 4, 7, seed=5)
-
-
-def test_length_grouped_batches_draw_the_same_indices_and_pad_less():
-    lengths = torch.randint(10, 400, (500,), generator=torch.Generator().manual_seed(0)).tolist()
-    size, groups, steps = 16, 4, 10  # the last draw holds 2 batches, not 4
-    batches = list(length_grouped_batches(lengths, size, steps, groups, torch.Generator().manual_seed(1)))
-    assert len(batches) == steps and all(len(b) == size for b in batches)
-    # each draw of `groups` batches holds exactly the indices drawn at random, cut by length
-    g = torch.Generator().manual_seed(1)
-    for first in range(0, steps, groups):
-        count = min(groups, steps - first)
-        drawn = torch.randint(len(lengths), (count * size,), generator=g).tolist()
-        torch.randperm(count, generator=g)
-        chunk = batches[first : first + count]
-        assert sorted(i for b in chunk for i in b) == sorted(drawn)
-        spans = sorted((min(lengths[i] for i in b), max(lengths[i] for i in b)) for b in chunk)
-        assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:], strict=False))  # batches do not overlap
-
-    def padded(bs):
-        return sum(max(lengths[i] for i in b) * len(b) for b in bs) / sum(lengths[i] for b in bs for i in b)
-
-    plain = _plain_draws(len(lengths), size, steps, seed=1)
-    assert padded(batches) < 0.8 * padded(plain)
-    # not always the shortest batch first: the batches of a draw come in a random order
-    orders = {
-        tuple(sorted(range(groups), key=lambda k, bs=bs: max(lengths[i] for i in bs[k])))
-        for bs in (
-            list(length_grouped_batches(lengths, size, groups, groups, torch.Generator().manual_seed(s)))
-            for s in range(6)
-        )
-    }
-    assert len(orders) > 1
-
-
-def test_length_grouped_batches_reject_groups_below_one():
-    with pytest.raises(ValueError, match="groups must be >= 1"):
-        next(length_grouped_batches([1, 2], 2, 1, 0, torch.Generator()))
 
 
 def test_sft_rejects_empty(tiny):

@@ -236,9 +236,7 @@ class MedicalConfig(WarmStartConfig):
     include_wiki: bool = True
     topk: int = 1
     max_obs_length: int = 64
-    # the faster SFT recipe (docs/quickstart.md, "SFT batches and attention"): long demonstrations
-    sft_attention: str = "sdpa"
-    sft_length_groups: int = 4
+    sft_attention: str = "sdpa"  # long demonstrations: the faster kernel (docs/quickstart.md, "SFT attention")
 
 
 def prepare(run_dir, cfg: MedicalConfig | None = None, show_progress: bool = True) -> dict:
