@@ -30,6 +30,9 @@ Segments = list[tuple[str, bool]]
 class SearchLoopSpec(Protocol):
     """The task-specific half of a search-loop task (items are frozen dataclasses with a ``split``)."""
 
+    # the config field with the share of SFT demonstrations whose choice stops early
+    demo_mix_field: str
+
     def generate(self, cfg: Any, reserved_words: set[str]) -> list: ...
 
     def documents(self, items: list) -> list[dict]: ...
@@ -120,14 +123,27 @@ class TrajectoryCheck:
 CHECK_ITEMS = 100
 
 
-def build_model(spec: SearchLoopSpec, run_dir: Path, items: list, cfg, demo_mix: float, show_progress: bool) -> dict:
-    """Tiny model + tokenizer, SFT on the ``sft`` items' demonstrations (a share ``demo_mix`` of the
-    choices stop early: :func:`~sorl_verl.quickstart.task.plan_demonstrations`), checked on the first
-    :data:`CHECK_ITEMS` RL training items; returns the warm start's stats."""
+@dataclass
+class WarmStartInputs:
+    """What the warm start of a search-loop task is made from: the tokenizer's ``texts`` and
+    ``extra_tokens``, the SFT demonstrations (``make_examples(tokenizer)``), the copy ``check``, and
+    the mix of choices taught (``kinds``)."""
+
+    texts: list[str]
+    extra_tokens: tuple[str, ...]
+    make_examples: Demonstrations
+    check: TrajectoryCheck
+    kinds: list[str]
+
+
+def warm_start_inputs(spec: SearchLoopSpec, run_dir: Path, items: list, cfg) -> WarmStartInputs:
+    """The ``sft`` items' demonstrations (a share ``cfg.<spec.demo_mix_field>`` of the choices stop early:
+    :func:`~sorl_verl.quickstart.task.plan_demonstrations`) and the check on the first
+    :data:`CHECK_ITEMS` RL training items, searched in ``run_dir/task/index``."""
     index_dir = run_dir / "task" / "index"
     sft = [i for i in items if i.split == "sft"]
     held_out = [i for i in items if i.split == "train"][:CHECK_ITEMS]
-    kinds = plan_demonstrations(len(sft), demo_mix, seed=cfg.seed)
+    kinds = plan_demonstrations(len(sft), getattr(cfg, spec.demo_mix_field), seed=cfg.seed)
     sft_obs = observations(spec, sft, index_dir, cfg.topk)
     segments = [spec.demonstration(i, o, k) for i, o, k in zip(sft, sft_obs, kinds, strict=True)]
     check_obs = observations(spec, held_out, index_dir, cfg.topk)
@@ -138,28 +154,39 @@ def build_model(spec: SearchLoopSpec, run_dir: Path, items: list, cfg, demo_mix:
     )
     texts = [spec.prompt(i) for i in items] + [d["contents"] for d in spec.documents(items)]
     texts += [text for demo in segments for text, _ in demo]
-    stats = warm_start_with_retry(
-        run_dir,
-        cfg,
+    return WarmStartInputs(
         texts=texts,
         extra_tokens=(*SEARCH_R1_TAGS, *spec.words(items)),
         make_examples=Demonstrations([spec.prompt(i) for i in sft], segments, cfg.max_obs_length),
         check=TrajectoryCheck(check),
+        kinds=kinds,
+    )
+
+
+def build_model(spec: SearchLoopSpec, run_dir: Path, items: list, cfg, show_progress: bool) -> dict:
+    """Tiny model + tokenizer, SFT on :func:`warm_start_inputs`' demonstrations, checked by its check;
+    returns the warm start's stats."""
+    inputs = warm_start_inputs(spec, run_dir, items, cfg)
+    stats = warm_start_with_retry(
+        run_dir,
+        cfg,
+        texts=inputs.texts,
+        extra_tokens=inputs.extra_tokens,
+        make_examples=inputs.make_examples,
+        check=inputs.check,
         show_progress=show_progress,
     )
-    return {**stats, "sft_early_examples": kinds.count(GUESS), "sft_choice_taught": kinds.count(SEARCH)}
+    return {**stats, "sft_early_examples": inputs.kinds.count(GUESS), "sft_choice_taught": inputs.kinds.count(SEARCH)}
 
 
-def prepare_search_loop(
-    spec: SearchLoopSpec, run_dir, cfg: WarmStartConfig, demo_mix_field: str, show_progress: bool = True
-) -> dict:
+def prepare_search_loop(spec: SearchLoopSpec, run_dir, cfg: WarmStartConfig, show_progress: bool = True) -> dict:
     """Steps 1-2 of a search-loop task (:func:`~sorl_verl.quickstart.prepare.prepare_run`'s contract)."""
 
     def task(task_dir: Path, c) -> list:
         return build_task(spec, task_dir, c)
 
     def model(run_dir: Path, items: list, c, show_progress: bool = True) -> dict:
-        return build_model(spec, run_dir, items, c, getattr(c, demo_mix_field), show_progress)
+        return build_model(spec, run_dir, items, c, show_progress)
 
     return prepare_run(run_dir, cfg, task, model, spec.describe, show_progress)
 

@@ -200,6 +200,8 @@ def case_row(case: Case, index: int) -> dict:
 class _Spec:
     """:class:`~sorl_verl.quickstart.tasks._search_loop.SearchLoopSpec` of this task."""
 
+    demo_mix_field = "guess_fraction"
+
     def generate(self, cfg, reserved_words):
         return generate_cases(cfg.sizes, cfg.seed, reserved_words)
 
@@ -240,7 +242,7 @@ class MedicalConfig(WarmStartConfig):
 
 
 def prepare(run_dir, cfg: MedicalConfig | None = None, show_progress: bool = True) -> dict:
-    return loop.prepare_search_loop(SPEC, run_dir, cfg or MedicalConfig(), "guess_fraction", show_progress)
+    return loop.prepare_search_loop(SPEC, run_dir, cfg or MedicalConfig(), show_progress)
 
 
 def report(info: dict) -> str:
@@ -259,7 +261,7 @@ TASK = QuickstartTask(
     config=MedicalConfig,
     prepare=prepare,
     report=report,
-    demo_mix="guess_fraction",
+    demo_mix=SPEC.demo_mix_field,
     options=SEARCH_LOOP_OPTIONS,
     defaults={
         # RL moves this warm start towards searching more slowly than the other tasks' (validation

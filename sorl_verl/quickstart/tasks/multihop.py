@@ -192,6 +192,8 @@ def chain_row(chain: Chain, index: int) -> dict:
 class _Spec:
     """:class:`~sorl_verl.quickstart.tasks._search_loop.SearchLoopSpec` of this task."""
 
+    demo_mix_field = "early_answer_fraction"
+
     def generate(self, cfg, reserved_words):
         return generate_chains(cfg.sizes, cfg.seed, reserved_words)
 
@@ -230,7 +232,7 @@ class MultihopConfig(WarmStartConfig):
 
 
 def prepare(run_dir, cfg: MultihopConfig | None = None, show_progress: bool = True) -> dict:
-    return loop.prepare_search_loop(SPEC, run_dir, cfg or MultihopConfig(), "early_answer_fraction", show_progress)
+    return loop.prepare_search_loop(SPEC, run_dir, cfg or MultihopConfig(), show_progress)
 
 
 def report(info: dict) -> str:
@@ -249,7 +251,7 @@ TASK = QuickstartTask(
     config=MultihopConfig,
     prepare=prepare,
     report=report,
-    demo_mix="early_answer_fraction",
+    demo_mix=SPEC.demo_mix_field,
     options=SEARCH_LOOP_OPTIONS,
     defaults={
         "MAX_TURNS": "4",
