@@ -33,7 +33,7 @@ def demonstrations(task_name: str, seed: int, folder: Path):
     """``(model_dir, examples, pad_id)`` of ``task_name``'s warm start at ``seed``, untrained."""
     from transformers import AutoTokenizer
 
-    from sorl_verl.models.tiny import build_tiny_model
+    from sorl_verl.quickstart.prepare import untrained_model
     from sorl_verl.quickstart.sft import pad_token_id
     from sorl_verl.quickstart.tasks import _search_loop as loop
 
@@ -43,16 +43,7 @@ def demonstrations(task_name: str, seed: int, folder: Path):
         raise SystemExit(f"bench_sft.py: task {task_name!r} is not played through the search loop (no SPEC)")
     items = loop.build_task(spec, folder / "task", cfg)
     inputs = loop.warm_start_inputs(spec, folder, items, cfg)
-    model_dir = build_tiny_model(
-        folder / "model",
-        texts=inputs.texts,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        intermediate_size=3 * cfg.hidden_size,
-        extra_tokens=inputs.extra_tokens,
-        seed=cfg.seed,
-    )
+    model_dir = untrained_model(folder / "model", cfg, inputs.texts, inputs.extra_tokens)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model_dir, inputs.make_examples(tokenizer), pad_token_id(tokenizer), cfg.sft_batch_size
 

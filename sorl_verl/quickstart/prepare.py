@@ -155,6 +155,23 @@ def demonstration_segments(
     ]
 
 
+def untrained_model(model_dir: Path, cfg: WarmStartConfig, texts: list[str], extra_tokens: Sequence[str]) -> Path:
+    """The tiny model of ``cfg``'s size and its tokenizer (BPE trained on ``texts``, ``extra_tokens``
+    single tokens) in ``model_dir``, before SFT; returns the folder."""
+    from sorl_verl.models.tiny import build_tiny_model
+
+    return build_tiny_model(
+        model_dir,
+        texts=texts,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        intermediate_size=3 * cfg.hidden_size,
+        extra_tokens=extra_tokens,
+        seed=cfg.seed,
+    )
+
+
 def build_warm_start(
     run_dir: Path,
     cfg: WarmStartConfig,
@@ -168,19 +185,9 @@ def build_warm_start(
     ``extra_tokens`` single tokens), then SFT on ``make_examples(tokenizer)``; returns the folder and its stats."""
     from transformers import AutoTokenizer
 
-    from sorl_verl.models.tiny import build_tiny_model
     from sorl_verl.quickstart.sft import train_sft
 
-    model_dir = build_tiny_model(
-        model_dir or run_dir / "model",
-        texts=texts,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        intermediate_size=3 * cfg.hidden_size,
-        extra_tokens=extra_tokens,
-        seed=cfg.seed,
-    )
+    model_dir = untrained_model(model_dir or run_dir / "model", cfg, texts, extra_tokens)
     examples = make_examples(AutoTokenizer.from_pretrained(model_dir))
     losses = train_sft(
         model_dir,

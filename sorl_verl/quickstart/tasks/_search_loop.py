@@ -168,13 +168,7 @@ def build_model(spec: SearchLoopSpec, run_dir: Path, items: list, cfg, show_prog
     returns the warm start's stats."""
     inputs = warm_start_inputs(spec, run_dir, items, cfg)
     stats = warm_start_with_retry(
-        run_dir,
-        cfg,
-        texts=inputs.texts,
-        extra_tokens=inputs.extra_tokens,
-        make_examples=inputs.make_examples,
-        check=inputs.check,
-        show_progress=show_progress,
+        run_dir, cfg, inputs.texts, inputs.extra_tokens, inputs.make_examples, inputs.check, show_progress
     )
     return {**stats, "sft_early_examples": inputs.kinds.count(GUESS), "sft_choice_taught": inputs.kinds.count(SEARCH)}
 
