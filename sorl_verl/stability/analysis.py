@@ -64,6 +64,14 @@ RESPONSE_MASK_TURNS = METRIC_PREFIX + "turns_per_seq"
 TURN_POSITION_STD = "rollout/turn_position_std"
 CORRECTION_SCALE = METRIC_PREFIX + "norm_scale"
 STEP_SECONDS = "timing_s/step"  # verl's step timer: rollout, updates, checkpoint; not validation or start-up
+# The segment figure's per-step panels, kept in each run's row so that a study spanning sittings draws
+# them from its archive: (archive column, metric); None = the token clip metric the runs log (the
+# first of CLIP_COLUMNS).
+STEP_SERIES = (
+    ("steps_turn_position_std", TURN_POSITION_STD),
+    ("steps_token_clip", None),
+    ("steps_correction_scale", CORRECTION_SCALE),
+)
 
 
 @dataclass
@@ -92,6 +100,8 @@ class RunResult:
     turns_per_row: float | None = None
     turn_position_std: float | None = None
     correction_scale: float | None = None
+    # STEP_SERIES column -> (steps, values) where the run logged the metric
+    step_series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
 
 
 def method_label(method: str, label: str) -> str:
@@ -164,6 +174,16 @@ def segment_measures(run: Run, steps: list[int], rows_per_step: int | None, whol
     }
 
 
+def step_series(run: Run, token_clip: str | None) -> dict[str, tuple[list[int], list[float]]]:
+    """The run's STEP_SERIES that it logged; ``token_clip``: the token clip metric's name."""
+    series = {}
+    for column, metric in STEP_SERIES:
+        steps, values = run.series(metric or token_clip) if (metric or token_clip) else ([], [])
+        if steps:
+            series[column] = (steps, values)
+    return series
+
+
 def rows_per_step(record: dict) -> int | None:
     """Trajectories trained per step from a run's record (its batch in prompts x samples per prompt)."""
     env = record.get("env", {})
@@ -210,6 +230,7 @@ def run_result(
         run=run,
         task=task,
         arm=arm,
+        step_series=step_series(run, clip_metrics.get(CLIP_COLUMNS[0][0])),
         **segment_measures(run, steps, rows, arm == WHOLE),
     )
 
@@ -278,10 +299,18 @@ def csv_key(column: str) -> str:
 # default task, as in archives written before tasks were an axis; the trailing segment-study columns
 # too: whole episodes, nothing measured, as in archives written before arms were an axis).
 # curve_turns and curve_wall are ``step:value`` pairs at the curve's steps (cumulative trained model
-# turns, cumulative seconds of verl's step timer); empty when not measured.
+# turns, cumulative seconds of verl's step timer); empty when not measured. The STEP_SERIES columns
+# are ``step:value`` pairs at every step the run logged the metric (4 significant digits).
 RUN_FIELDS = ("run", "pressure", "algo", "method", "seed", "warm", "peak", "final", "auc", "collapsed")
 SEGMENT_FIELDS = ("arm", "turns_per_row", "turn_position_std", "correction_scale", "curve_turns", "curve_wall")
-RUNS_CSV_COLUMNS = ("task", *RUN_FIELDS, *(csv_key(c) for c, _ in CLIP_COLUMNS), "curve", *SEGMENT_FIELDS)
+RUNS_CSV_COLUMNS = (
+    "task",
+    *RUN_FIELDS,
+    *(csv_key(c) for c, _ in CLIP_COLUMNS),
+    "curve",
+    *SEGMENT_FIELDS,
+    *(column for column, _ in STEP_SERIES),
+)
 
 
 class ArchiveError(ValueError):
@@ -324,8 +353,9 @@ def archived_results(path: Path) -> list[RunResult]:
 
     A sweep spans sittings, but run folders (checkpoints, metrics) are not kept in the repository;
     the committed per-run table is. Its figures of merit are taken as written (full precision),
-    the curve at its 4 decimals; archived runs have no per-step metrics (``run`` is None), so the
-    diagnostics figure leaves them out. Raises :class:`ArchiveError` naming the row and field.
+    the curve at its 4 decimals; archived runs keep only the STEP_SERIES of their per-step metrics
+    (``run`` is None), so the diagnostics figure leaves them out and the segment figure draws them.
+    Raises :class:`ArchiveError` naming the row and field.
     """
     path = Path(path)
     try:
@@ -359,6 +389,10 @@ def archived_results(path: Path) -> list[RunResult]:
                 measured[field_name] = float(row[field_name]) if row.get(field_name) else None
             for field_name in ("curve_turns", "curve_wall"):
                 measured[field_name] = _parse_measured_curve(row.get(field_name), steps)
+            series = {}
+            for field_name, _ in STEP_SERIES:
+                if row.get(field_name):
+                    series[field_name] = _parse_curve(row[field_name])
         except (TypeError, ValueError) as e:
             raise ArchiveError(f"{path}, row {line}, field {field_name!r}: {e}") from None
         known = PRESSURES.get(row["pressure"])
@@ -380,6 +414,7 @@ def archived_results(path: Path) -> list[RunResult]:
                 clip=clip,
                 pressure_title=pressure_title(asdict(known)) if known else row["pressure"],
                 arm=row.get("arm") or WHOLE,
+                step_series=series,
                 **measured,
             )
         )
@@ -624,5 +659,9 @@ def runs_csv(results: list[RunResult]) -> str:
             + [curve]
             + [r.arm, _num(r.turns_per_row), _num(r.turn_position_std), _num(r.correction_scale)]
             + [_format_curve(r.steps, r.curve_turns, 1), _format_curve(r.steps, r.curve_wall, 1)]
+            + [
+                " ".join(f"{s}:{v:.4g}" for s, v in zip(*r.step_series.get(c, ([], [])), strict=True))
+                for c, _ in STEP_SERIES
+            ]  # fmt: skip
         )
     return _csv(rows)

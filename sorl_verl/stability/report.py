@@ -13,7 +13,7 @@ from pathlib import Path
 from sorl_verl.fileio import write_text_atomic
 from sorl_verl.stability.analysis import (
     CORRECTION_SCALE,
-    PANEL_PATTERNS,
+    STEP_SERIES,
     TURN_POSITION_STD,
     RunResult,
     Stat,
@@ -315,8 +315,8 @@ def _measured_curve(rs: list[RunResult], xs_of) -> tuple[list[float], list[float
 
 def plot_segments(results: list[RunResult], out: Path) -> int:
     """The SEGMENT_PANELS per (task, pressure), in two rows of three; a line per (method, arm): colour =
-    arm, line style = method; the mean over seeds. The per-step panels (second row) draw the runs whose
-    folders are present (archived runs have no per-step metrics)."""
+    arm, line style = method; the mean over seeds. The per-step panels (second row) draw each run's
+    STEP_SERIES (kept in the archive too)."""
     import matplotlib.pyplot as plt
 
     rows: dict[tuple[str, str], dict[tuple[str, str], list[RunResult]]] = {}
@@ -327,9 +327,7 @@ def plot_segments(results: list[RunResult], out: Path) -> int:
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     color = {arm: cycle[i % len(cycle)] for i, arm in enumerate(arms)}
     style = {m: ("-", "--", ":", "-.")[i % 4] for i, m in enumerate(methods)}
-    runs = [r.run for r in results if r.run is not None]
-    clip_metric = metric_for_panel(runs, PANEL_PATTERNS["Token clip fraction"])
-    per_step = {3: TURN_POSITION_STD, 4: clip_metric, 5: CORRECTION_SCALE}
+    per_step = {3 + i: column for i, (column, _) in enumerate(STEP_SERIES)}
 
     fig, grid = _grid(len(rows) * len(SEGMENT_PANELS), 3, 4.6, 3.4)
     order: dict[str, tuple] = {}  # legend: a column per arm, a row per method (matplotlib fills columns first)
@@ -345,11 +343,8 @@ def plot_segments(results: list[RunResult], out: Path) -> int:
                 xs, ys = _measured_curve(rs, xs_of)
                 scale = 60 if j == 2 else 1
                 axes[j].plot([x / scale for x in xs], ys, marker="o", markersize=3, **kw)
-            for j, metric in per_step.items():
-                if metric is None:
-                    continue
-                curves = [r.run.series(metric) for r in rs if r.run is not None]
-                xs, mean, *_ = _mean_curve([c for c in curves if c[0]])
+            for j, column in per_step.items():
+                xs, mean, *_ = _mean_curve([r.step_series[column] for r in rs if column in r.step_series])
                 if xs:
                     axes[j].plot(xs, mean, **kw)
         for ax, (title, xlabel, ylabel) in zip(axes, SEGMENT_PANELS, strict=True):

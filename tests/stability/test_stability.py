@@ -827,9 +827,18 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     # the archive keeps the study: trailing columns, read back as written
     archive = tmp_path / "stability_runs.csv"
     header = archive.read_text().splitlines()[0].split(",")
-    assert header[-6:] == ["arm", "turns_per_row", "turn_position_std", "correction_scale", "curve_turns", "curve_wall"]
+    assert header[-9:-3] == ["arm", "turns_per_row", "turn_position_std", "correction_scale", "curve_turns", "curve_wall"]
+    assert header[-3:] == ["steps_turn_position_std", "steps_token_clip", "steps_correction_scale"]
     archived = {r.name: r for r in archived_results(archive)}
     again = archived[seg.name]
+    # the per-step panels' series, every training step: kept so that the figure draws them from the archive
+    assert seg.step_series == {
+        "steps_turn_position_std": ([1, 2, 3, 4, 5, 6, 7], [1.0] * 7),
+        "steps_token_clip": ([1, 2, 3, 4, 5, 6, 7], [0.1] * 7),
+        "steps_correction_scale": ([1, 2, 3, 4, 5, 6, 7], [0.8] * 7),
+    }
+    assert {r.name: r.step_series for r in archived.values()} == {r.name: r.step_series for r in results}
+    assert set(by_name[whole.name].step_series) == {"steps_token_clip"}  # PPO on whole episodes: clip only
     assert (again.arm, again.curve_turns, again.curve_wall) == ("T1-staggered", [0.0, 32.0, 56.0], [0.0, 24.0, 42.0])
     assert (again.turns_per_row, again.turn_position_std, again.correction_scale) == (1.0, 1.0, pytest.approx(0.8))
     assert archived[whole.name].arm == "whole" and archived[whole.name].turn_position_std is None
@@ -840,6 +849,8 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     info = write_report(fresh, [archive])
     assert "segments.md" in info["written"]
     assert (fresh / "segments.md").read_text().splitlines()[4:] == table.splitlines()[4:]
+    # the same figure, its per-step panels included (drawn from the archived series)
+    assert (fresh / "segments.png").read_bytes() == (tmp_path / "segments.png").read_bytes()
 
 
 def test_old_archives_read_as_whole_episode_runs(tmp_path):
