@@ -3,11 +3,11 @@
 #
 #   bash examples/stability/segments.sh [SWEEP_DIR]     (default runs/stability-segments)
 #
-# multihop (3-4 model turns per good trajectory), PPO and ST-PPO on the turn-level critic
+# multihop (3-4 model turns per good trajectory; TASK=multihop_long: 5-6), PPO and ST-PPO on the turn-level critic
 # (ppo_turn_gae, st_ppo_turn_gae: segment mode needs turn_gae, so the whole episodes use it too),
 # no off-policy pressure (reuse_1x2), five arms: whole episodes, T = 1 and 2 turns per segment with
 # sync and staggered resets. Every arm trains about the same number of model turns: a T arm runs
-# max(1, L/T) times the steps and validation interval (L = 3.5, multihop's figure). Seeds 1 2 3
+# max(1, L/T) times the steps and validation interval (L = the task's figure: 3.5, 5.5). Seeds 1 2 3
 # (SEEDS overrides), seed by seed, so a partial sweep covers every arm once before the next seed.
 # Every call skips finished runs (in OUT or in the committed archive, which each finished run joins
 # at once) and resumes an unfinished one: run this again (in another sitting, on a fresh checkout)
@@ -20,7 +20,7 @@ PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo p
 ARCHIVE="${ARCHIVE:-docs/figures/segments/stability_runs.csv}"
 status=0
 for seed in ${SEEDS:-1 2 3}; do
-  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task multihop \
+  "$PYTHON" -m sorl_verl.stability run --out "$OUT" --keep-going --no-report --archive "$ARCHIVE" --seeds "$seed" --task "${TASK:-multihop}" \
     --pressures reuse_1x2 --methods ppo_turn_gae st_ppo_turn_gae --segment-turns 1 2 --resets sync staggered || status=1
 done
 "$PYTHON" -m sorl_verl.stability report --out "$OUT" --archive "$ARCHIVE" || status=1

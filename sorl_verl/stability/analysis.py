@@ -441,7 +441,7 @@ def method_order(name: str) -> tuple[int, str]:
     return (METHODS.index(name) if name in METHODS else len(METHODS), name)
 
 
-TASK_ORDER = ("search", "multihop", "medical")
+TASK_ORDER = ("search", "multihop", "multihop_long", "medical")
 
 
 def task_order(name: str) -> tuple[int, str]:

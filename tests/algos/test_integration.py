@@ -171,12 +171,16 @@ def test_a_token_level_loss_logs_no_sorl_metric_and_so_ppo_logs_its_turn_clippin
     """What leaves a token-level method's turn-clip cell of the stability table empty: verl's own
     loss logs nothing under ``actor/sorl/``, where SO-GRPO's loss logs the turn clip fraction."""
     model_output, data, _ = ppo_loss_inputs(seed=2)
-    _, metrics = ppo_loss(compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"), model_output, data)
+    _, metrics = ppo_loss(
+        compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"), model_output, data
+    )
     assert "actor/pg_loss" in metrics and not [key for key in metrics if key.startswith(METRIC_PREFIX)]
 
     model_output, data, (_, new, _, _) = ppo_loss_inputs(seed=2)
     with batch_correction(torch.optim.SGD([new], lr=0.0)):
-        _, metrics = ppo_loss(compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo"), model_output, data)
+        _, metrics = ppo_loss(
+            compose_actor_config("actor_rollout_ref.actor.policy_loss.loss_mode=so_ppo"), model_output, data
+        )
     assert 0.0 <= metrics[METRIC_PREFIX + "clipfrac_turn"].aggregate() <= 1.0
 
 

@@ -21,19 +21,21 @@ import pytest
 from data_prep.templates import options_block_error, parse_options_block
 from reward_fns import compute_score
 from sorl_verl.quickstart.task import GUESS, SEARCH, SEARCH_UNTAUGHT_CHOICE, SPLITS
-from sorl_verl.quickstart.tasks import UnknownTask, get_task, medical, multihop, task_names
+from sorl_verl.quickstart.tasks import UnknownTask, get_task, medical, multihop, multihop_long, task_names
 from sorl_verl.quickstart.tasks import _search_loop as loop
 
 SIZES = {"sft": 60, "train": 40, "val": 40}
 
 
 def test_every_task_is_found_by_its_module_name():
-    assert task_names() == ("math", "medical", "multihop", "search")
+    assert task_names() == ("math", "medical", "multihop", "multihop_long", "search")
     for name in task_names():
         task = get_task(name)
         assert task.name == name and task.launcher_path.is_file()
         assert hasattr(task.config(), task.demo_mix)
-    with pytest.raises(UnknownTask, match="unknown task 'nope'; choose one of: math, medical, multihop, search"):
+    with pytest.raises(
+        UnknownTask, match="unknown task 'nope'; choose one of: math, medical, multihop, multihop_long, search"
+    ):
         get_task("nope")
 
 
@@ -43,7 +45,7 @@ def test_unknown_task_exits_2_naming_the_choices():
             [sys.executable, "-m", "sorl_verl.quickstart", *command], capture_output=True, text=True, check=False
         )
         assert done.returncode == 2, command
-        assert "unknown task 'nope'; choose one of: math, medical, multihop, search" in done.stderr
+        assert "unknown task 'nope'; choose one of: math, medical, multihop, multihop_long, search" in done.stderr
 
 
 def test_defaults_are_shell_lines_that_keep_a_set_variable():
@@ -69,11 +71,11 @@ def test_an_option_of_another_task_is_refused():
 # ---------------------------------------------------------------- generated tasks, through the index
 
 
-@pytest.fixture(scope="module", params=["multihop", "medical"])
+@pytest.fixture(scope="module", params=["multihop", "multihop_long", "medical"])
 def built(request, tmp_path_factory):
     """A small task of each kind: items, corpus and BM25 index (no Wikipedia: faster, same checks)."""
     task = get_task(request.param)
-    spec = multihop.SPEC if request.param == "multihop" else medical.SPEC
+    spec = {"multihop": multihop.SPEC, "multihop_long": multihop_long.SPEC, "medical": medical.SPEC}[request.param]
     cfg = replace(task.config(), sizes=SIZES, include_wiki=False, seed=3)
     task_dir = tmp_path_factory.mktemp(request.param)
     items = loop.build_task(spec, task_dir, cfg)
@@ -85,9 +87,7 @@ def test_splits_have_the_sizes_and_disjoint_facts(built):
     assert Counter(i.split for i in items) == SIZES
     entities = {}
     for item in items:
-        names = (
-            (item.country, item.city, item.person, item.town) if name == "multihop" else (item.finding, item.condition)
-        )
+        names = item.entities if name.startswith("multihop") else (item.finding, item.condition)
         for entity in names:
             entities.setdefault(entity, set()).add(item.split)
     assert all(len(splits) == 1 for splits in entities.values())  # no entity (so no fact) in two splits
@@ -99,14 +99,12 @@ def test_splits_have_the_sizes_and_disjoint_facts(built):
 
 def test_questions_are_answerable_only_by_searching(built):
     name, spec, items, task_dir = built
-    sft_text = " ".join(
-        text for i in items if i.split == "sft" for text, _ in spec.demonstration(i, ["", "", ""], SEARCH)
-    )
+    sft_text = " ".join(text for i in items if i.split == "sft" for text, _ in spec.demonstration(i, [""] * 5, SEARCH))
     for item in (i for i in items if i.split == "val"):
-        answer = item.answer if name == "multihop" else item.drug
+        answer = item.answer if name.startswith("multihop") else item.drug
         assert answer not in item.question  # the question does not give it away
         # the fact that decides it is in no demonstration the warm start learns from
-        decisive = item.facts[item.hops - 1] if name == "multihop" else item.hops[-1]
+        decisive = item.facts[item.hops - 1] if name.startswith("multihop") else item.hops[-1]
         assert f"{decisive[0]} {decisive[1]}" not in sft_text
     if name == "medical":  # every option recurs across questions: none is given away by being new
         seen = Counter(d for c in items for d in c.options)
@@ -119,7 +117,7 @@ def test_hops_are_chained_through_the_index(built):
     chained = 0
     for item, obs in zip(items, observations, strict=True):
         queries = spec.queries(item)
-        assert len(obs) == len(queries) == (item.hops if name == "multihop" else item.facts)
+        assert len(obs) == len(queries) == (item.hops if name.startswith("multihop") else item.facts)
         for k, (query, seen) in enumerate(zip(queries, obs, strict=True)):
             entity = query.rsplit(" ", 1)[0]
             assert f'(Title: "{entity}")' in seen  # the search finds the entity's own document
@@ -128,15 +126,16 @@ def test_hops_are_chained_through_the_index(built):
                 assert seen.rstrip().endswith(f"{following}.</information>")
                 assert following not in item.question  # known only from the search
                 chained += 1
-        answer = item.answer if name == "multihop" else item.drug
+        answer = item.answer if name.startswith("multihop") else item.drug
         assert f"{answer}." in obs[-1]  # the last search returns the answer
     assert chained >= len(items) // 3
 
 
-def test_multihop_demonstrations_have_three_or_four_turns_and_score_right(built):
+def test_multihop_demonstrations_have_a_turn_per_hop_and_score_right(built):
     name, spec, items, task_dir = built
-    if name != "multihop":
+    if not name.startswith("multihop"):
         pytest.skip("multi-hop only")
+    assert Counter(i.hops for i in items).keys() == ({2, 3} if name == "multihop" else {4, 5})
     observations = loop.observations(spec, items, task_dir / "index", topk=1)
     rows = pd.read_parquet(task_dir / "val.parquet")
     by_id = {r["extra_info"]["source_id"]: r for _, r in rows.iterrows()}
@@ -146,7 +145,7 @@ def test_multihop_demonstrations_have_three_or_four_turns_and_score_right(built)
         assert text.count("<think>") == item.hops + 1  # one model turn per hop, then the answer
         assert text.count("<search>") == item.hops
         early = "".join(t for t, _ in spec.demonstration(item, obs, GUESS))
-        assert early.count("<think>") == 2 and early.endswith(f"<answer> {item.city} </answer>")
+        assert early.count("<think>") == 2 and early.endswith(f"<answer> {item.entities[1]} </answer>")
         untaught = spec.demonstration(item, obs, SEARCH_UNTAUGHT_CHOICE)
         assert [t for t, train in untaught if not train] == [
             obs[0],
@@ -158,9 +157,12 @@ def test_multihop_demonstrations_have_three_or_four_turns_and_score_right(built)
             truth = row["reward_model"]["ground_truth"]
             assert compute_score(row["data_source"], text, truth, row["extra_info"])["score"] == 1.0
             assert compute_score(row["data_source"], early, truth, row["extra_info"])["score"] == 0.0
-    assert set(rows["data_source"]) == {"hotpotqa", "musique"}  # the real recipe's multi-hop data sources
-    for source, hops in (("hotpotqa", 2), ("musique", 3)):
-        assert set(rows[rows["data_source"] == source]["extra_info"].map(lambda e: e["subject"])) == {f"{hops}-hop"}
+    # the real recipe's multi-hop data sources: HotpotQA for 2 hops, MuSiQue (composed) for more
+    sources = {"hotpotqa": {2}, "musique": {3}} if name == "multihop" else {"musique": {4, 5}}
+    assert set(rows["data_source"]) == set(sources)
+    for source, hops in sources.items():
+        subjects = set(rows[rows["data_source"] == source]["extra_info"].map(lambda e: e["subject"]))
+        assert subjects == {f"{h}-hop" for h in hops}
 
 
 def test_medical_letters_are_balanced_and_the_reward_reads_the_letter(built):
@@ -227,13 +229,26 @@ def test_generators_are_deterministic_and_use_made_up_words():
     assert Counter(c.hops for c in a).keys() == {2, 3}
 
 
+def test_long_chains_ask_four_or_five_hops_in_words_that_tell_which():
+    chains = multihop.generate_chains(SIZES, seed=5, hops=multihop_long.HOPS)
+    assert Counter(c.hops for c in chains).keys() == {4, 5}
+    four, five = (next(c for c in chains if c.hops == h) for h in (4, 5))
+    inner = "the birthplace of the founder of the capital of"
+    assert four.question == f"Who is the mayor of {inner} {four.entities[0]}?" and four.answer == four.entities[4]
+    assert five.question == f"Who is the spouse of the mayor of {inner} {five.entities[0]}?"
+    assert five.answer == five.entities[5] and len(five.facts) == len(four.facts) == 5
+    for bad in ((1, 2), (6,), ()):
+        with pytest.raises(ValueError, match="hops must lie in 2..5"):
+            multihop.generate_chains(SIZES, seed=5, hops=bad)
+
+
 def test_run_demo_refuses_a_task_with_its_own_launcher(tmp_path):
     from sorl_verl.quickstart.tasks import get_task
 
     script = get_task("search").launcher_path
     for task, message in (
         ("math", "TASK=math has its own launcher"),
-        ("nope", "unknown task 'nope'; choose one of: math, medical, multihop, search"),
+        ("nope", "unknown task 'nope'; choose one of: math, medical, multihop, multihop_long, search"),
     ):
         done = subprocess.run(
             ["bash", str(script), "so_grpo", "--out", str(tmp_path / task)],

@@ -827,7 +827,14 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     # the archive keeps the study: trailing columns, read back as written
     archive = tmp_path / "stability_runs.csv"
     header = archive.read_text().splitlines()[0].split(",")
-    assert header[-9:-3] == ["arm", "turns_per_row", "turn_position_std", "correction_scale", "curve_turns", "curve_wall"]
+    assert header[-9:-3] == [
+        "arm",
+        "turns_per_row",
+        "turn_position_std",
+        "correction_scale",
+        "curve_turns",
+        "curve_wall",
+    ]
     assert header[-3:] == ["steps_turn_position_std", "steps_token_clip", "steps_correction_scale"]
     archived = {r.name: r for r in archived_results(archive)}
     again = archived[seg.name]
@@ -896,7 +903,7 @@ def script_calls(name: str, tmp_path, **env: str):
     fake = tmp_path / "python"
     fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {shlex.quote(str(calls))}\n')
     fake.chmod(0o755)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("SEEDS", "TASKS")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SEEDS", "TASKS", "TASK")}
     full_env.update(PYTHON=str(fake), **env)
     done = subprocess.run(["bash", str(script), str(tmp_path / "sweep")], env=full_env, capture_output=True, text=True)
     lines = [shlex.split(line) for line in calls.read_text().splitlines()] if calls.exists() else []
@@ -920,6 +927,14 @@ def test_the_segment_study_script_runs_the_study_and_its_report(tmp_path, capsys
         assert main([*argv, "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "10 of 10 runs left" in out and f"multihop__reuse_1x2__st_ppo_turn_gae__T2-staggered__s{seed}" in out
+    # the long variant: its own runs, a T = 1 arm trains L = 5.5 times the steps of whole episodes
+    done, lines = script_calls("segments.sh", tmp_path / "long", SEEDS="3", TASK="multihop_long")
+    assert done.returncode == 0, done.stderr
+    argv = lines[0][2:]
+    argv[argv.index("--archive") : argv.index("--archive") + 2] = []
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "multihop_long__reuse_1x2__ppo_turn_gae__T1-sync__s3: new, 110 steps" in out
 
 
 def selected(calls) -> list[tuple[str, ...]]:

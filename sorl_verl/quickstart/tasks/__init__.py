@@ -7,14 +7,15 @@ defaults of the launcher's variables. ``python -m sorl_verl.quickstart prepare -
 ``make demo TASK=NAME`` and ``python -m sorl_verl.stability run --task NAME`` find tasks here by
 module name, so a new task is one new file in this folder.
 
-==========  ===============================================================  ====================
-task        what the agent must learn                                         launcher
-==========  ===============================================================  ====================
-search      when to search: one lookup of a made-up fact                      ``run_demo.sh``
-multihop    to go on searching: two or three chained lookups                  ``run_demo.sh``
-medical     to search before choosing an option (multiple choice, letter)     ``run_demo.sh``
-math        to finish the computation (single turn, asynchronous trainer)     ``run_math_demo.sh``
-==========  ===============================================================  ====================
+=============  =============================================================  ====================
+task           what the agent must learn                                      launcher
+=============  =============================================================  ====================
+search         when to search: one lookup of a made-up fact                   ``run_demo.sh``
+multihop       to go on searching: two or three chained lookups               ``run_demo.sh``
+multihop_long  the same over four or five chained lookups                     ``run_demo.sh``
+medical        to search before choosing an option (multiple choice, letter)  ``run_demo.sh``
+math           to finish the computation (single turn, asynchronous trainer)  ``run_math_demo.sh``
+=============  =============================================================  ====================
 
 Every task is ours (not the paper's): a miniature of one of the paper's task families that a
 ~1M-parameter model learns on two CPU cores in minutes.

@@ -4,20 +4,22 @@ Ours (the paper's multi-hop sets are HotpotQA, 2WikiMultiHopQA, MuSiQue and Bamb
 made-up knowledge base a ~1M-parameter model learns on two CPU cores). Every question follows a
 *chain* of made-up entities, each fact its own document appended to the embedded Wikipedia corpus:
 
-    country --capital--> city --founder--> person --birthplace--> town
+    country --capital--> city --founder--> person --birthplace--> town --mayor--> person --spouse--> person
 
-- 2-hop: "Who founded the capital of Tavo Kemu?" (answer: the person);
-- 3-hop: "Where was the founder of the capital of Tavo Kemu born?" (answer: the town).
+- 2-hop: "Who is the founder of the capital of Tavo Kemu?" (answer: the person);
+- 3-hop: "Where was the founder of the capital of Tavo Kemu born?" (answer: the town);
+- 4- and 5-hop questions (the long variant, :mod:`.multihop_long`) go on through the mayor and the
+  spouse: "Who is the mayor of the birthplace of the founder of the capital of Tavo Kemu?".
 
-One relation per hop, so the question's first words alone tell how many hops it has: with two
-relations per hop ("the mayor of the port of X") the 0.54M-parameter warm start learned the
-relation words as a coin instead of copying them from the question (held-out copy accuracy
-8-39% after 1000 SFT steps, every error a relation word), while it copies made-up names well.
-The second query names the entity the first search returned ("<city> founder"), the third the one
-the second returned: the hops are chained, and a good trajectory has 3 (2-hop) or 4 (3-hop)
-model turns. Every entity belongs to one chain, and chains are split into ``sft`` (warm-start
-demonstrations), ``train`` (RL prompts) and ``val`` (validation), so the facts of the three splits
-are disjoint: a validation question can only be answered by searching.
+This task asks 2 or 3 hops (its chains stop at the town). One relation per hop, so the question's
+words alone tell how many hops it has: with two relations per hop ("the mayor of the port of X")
+the 0.54M-parameter warm start learned the relation words as a coin instead of copying them from
+the question (held-out copy accuracy 8-39% after 1000 SFT steps, every error a relation word), while
+it copies made-up names well. The second query names the entity the first search returned
+("<city> founder"), the third the one the second returned: the hops are chained, and a good
+trajectory has hops + 1 model turns. Every entity belongs to one chain, and chains are split into
+``sft`` (warm-start demonstrations), ``train`` (RL prompts) and ``val`` (validation), so the facts of
+the three splits are disjoint: a validation question can only be answered by searching.
 
 The warm start leaves RL a decision to learn, as the search quick start does: in a share
 ``early_answer_fraction`` of the demonstrated choices the demonstration answers right after the
@@ -25,12 +27,12 @@ first hop, with the entity it found (a city: always wrong). The choice is one to
 second thought (``<search>`` or ``<answer>``), so the warm start learns it as a coin: greedy
 validation answers after one hop (about 0 exact match) and sampled rollouts go on searching about
 ``1 - early_answer_fraction`` of the time. After the second hop the demonstrations are all
-right: a 2-hop question is answered, a 3-hop one searched once more (the question's first word,
-"Who" or "Where", tells which).
+right: each hop's thought names the relation needed next until the question's last, then answers
+(the question's words tell which: "Who" or "Where" here, the outermost relation in the long variant).
 
 Rows use the project's row schema (:func:`data_prep._common.make_row`), the ``search_r1`` agent and
 the ``qa_em`` reward, with the multi-hop data source names the real recipe uses: ``hotpotqa`` for
-the 2-hop questions and ``musique`` (composed questions of two to four hops) for the 3-hop ones.
+the 2-hop questions and ``musique`` (composed questions of two to four hops) for the longer ones.
 """
 
 from __future__ import annotations
@@ -47,80 +49,85 @@ from sorl_verl.quickstart.tasks import _search_loop as loop
 
 FIRST_HOP = ("capital",)  # country -> city
 SECOND_HOP = ("founder",)  # city -> person
-THIRD_HOP = "birthplace"  # person -> town
+# the later hops, one fixed relation each: person -> town -> person -> person
+LATER_HOPS = ("birthplace", "mayor", "spouse")
 HOPS = (2, 3)
-DATA_SOURCES = {2: "hotpotqa", 3: "musique"}
+# the real recipe's multi-hop data sources: HotpotQA (2 hops), MuSiQue (composed, two to four hops)
+DATA_SOURCES = {2: "hotpotqa"}
+LONG_DATA_SOURCE = "musique"  # 3 hops and more
 
 
 @dataclass(frozen=True)
 class Chain:
-    """One question's chain of made-up entities; ``hops`` (2 or 3) says where the question ends."""
+    """One question's chain of made-up entities: ``entities[k]`` --``relations[k]``--> ``entities[k + 1]``;
+    the question asks for ``entities[hops]`` (``hops`` <= ``len(relations)``; the later facts are in
+    the corpus all the same)."""
 
-    country: str
-    first: str  # relation of the first hop (FIRST_HOP)
-    city: str
-    second: str  # relation of the second hop (SECOND_HOP)
-    person: str
-    town: str
+    entities: tuple[str, ...]
+    relations: tuple[str, ...]
     hops: int
     split: str
     chain_id: int
 
     @property
     def question(self) -> str:
-        if self.hops == 2:
-            return f"Who is the {self.second} of the {self.first} of {self.country}?"
-        return f"Where was the {self.second} of the {self.first} of {self.country} born?"
+        # "the founder of the capital of X", the outermost relation first
+        phrase = self.entities[0]
+        for relation in self.relations[: self.hops]:
+            phrase = f"the {relation} of {phrase}"
+        if self.relations[self.hops - 1] == "birthplace":
+            return f"Where was {phrase.removeprefix('the birthplace of ')} born?"
+        return f"Who is {phrase}?"
 
     @property
     def answer(self) -> str:
-        return self.person if self.hops == 2 else self.town
+        return self.entities[self.hops]
 
     @property
     def facts(self) -> list[tuple[str, str, str]]:
         """``(entity, relation, value)`` of every fact of the chain, in hop order."""
-        return [
-            (self.country, self.first, self.city),
-            (self.city, self.second, self.person),
-            (self.person, THIRD_HOP, self.town),
-        ]
+        return list(zip(self.entities, self.relations, self.entities[1:], strict=False))
 
 
 _DOCUMENT = {
     "capital": "{e} is a country. Its capital is {v}.",
     "founder": "{e} is a city. Its founder is {v}.",
-    THIRD_HOP: "{e} is a person. Their birthplace is {v}.",
+    "birthplace": "{e} is a person. Their birthplace is {v}.",
+    "mayor": "{e} is a town. Its mayor is {v}.",
+    "spouse": "{e} is a person. Their spouse is {v}.",
 }
 
 
-def generate_chains(sizes: dict[str, int], seed: int = 0, reserved_words: set[str] | None = None) -> list[Chain]:
+def generate_chains(
+    sizes: dict[str, int], seed: int = 0, reserved_words: set[str] | None = None, hops: tuple[int, ...] = HOPS
+) -> list[Chain]:
     """``sizes[split]`` chains per split (listed sft, train, val; deterministic in ``seed``).
 
-    Each chain has four entities of its own (two made-up words each, from two pools of about
-    ``sqrt(4 * chains)`` words, so every word recurs in many names and is learnable as one token),
-    relations and hop count drawn uniformly. ``reserved_words`` (lower case) are never drawn.
+    Each chain has ``max(hops) + 1`` entities of its own (two made-up words each, from two pools of
+    about ``sqrt((max(hops) + 2) * chains)`` words, so every word recurs in many names and is learnable
+    as one token), its hop count drawn uniformly from ``hops``. ``reserved_words`` (lower case) are
+    never drawn.
     """
     if set(sizes) - set(SPLITS) or any(int(sizes.get(s, 0)) < 1 for s in SPLITS):
         raise ValueError(f"sizes must give a count >= 1 for each of {SPLITS}, got {sizes}")
+    if not hops or min(hops) < 2 or max(hops) > 2 + len(LATER_HOPS):
+        raise ValueError(f"hops must lie in 2..{2 + len(LATER_HOPS)}, got {hops}")
     rng = random.Random(seed)
     taken = set(reserved_words or ())
     total = sum(int(sizes[s]) for s in SPLITS)
-    pool = max(4, math.isqrt(5 * total) + 1)
+    n = max(hops) + 1  # entities per chain
+    pool = max(4, math.isqrt((n + 1) * total) + 1)
     firsts = _unique_words(rng, pool, (2,), taken)
     seconds = _unique_words(rng, pool, (2,), taken)
-    names = [f"{a} {b}" for a, b in rng.sample([(a, b) for a in firsts for b in seconds], 4 * total)]
+    names = [f"{a} {b}" for a, b in rng.sample([(a, b) for a in firsts for b in seconds], n * total)]
     chains = []
     for i, split in enumerate(s for s in SPLITS for _ in range(int(sizes[s]))):
-        country, city, person, town = names[4 * i : 4 * i + 4]
+        relations = (rng.choice(FIRST_HOP), rng.choice(SECOND_HOP), *LATER_HOPS[: n - 3])
         chains.append(
             Chain(
-                country=country,
-                first=rng.choice(FIRST_HOP),
-                city=city,
-                second=rng.choice(SECOND_HOP),
-                person=person,
-                town=town,
-                hops=rng.choice(HOPS),
+                entities=tuple(names[n * i : n * i + n]),
+                relations=relations,
+                hops=rng.choice(hops),
                 split=split,
                 chain_id=i,
             )
@@ -146,35 +153,35 @@ def demonstration(chain: Chain, observations: list[str], kind: str = SEARCH) -> 
     """The trajectory as ``(text, trainable)`` segments after the prompt (observations not trainable).
 
     ``kind`` (:func:`~sorl_verl.quickstart.task.plan_demonstrations`): ``GUESS`` answers after the first
-    hop with the city (wrong); ``SEARCH`` goes on; any other kind goes on with no loss on the choice
-    token (the ``<search>`` after the second thought).
+    hop with the entity it found (wrong); ``SEARCH`` goes on; any other kind goes on with no loss on the
+    choice token (the ``<search>`` after the second thought). After the first hop every hop's thought
+    names what it found and, unless it was the last hop, the relation it needs next.
     """
     c = chain
+    asks = queries(c)
     segments: loop.Segments = [
-        (f"<think> I need the {c.first} of {c.country}. </think>\n<search> {queries(c)[0]} </search>", True),
+        (f"<think> I need the {c.relations[0]} of {c.entities[0]}. </think>\n<search> {asks[0]} </search>", True),
         (observations[0], False),
-        (f"<think> The {c.first} is {c.city}. I need the {c.second} of {c.city}. </think>\n", True),
     ]
-    if kind == GUESS:
-        return segments + [(f"<answer> {c.city} </answer>", True)]
-    segments += [("<search>", kind == SEARCH), (f" {queries(c)[1]} </search>", True), (observations[1], False)]
-    if c.hops == 2:
-        return segments + [(f"<think> The {c.second} is {c.person}. </think>\n<answer> {c.person} </answer>", True)]
-    return segments + [
-        (
-            f"<think> The {c.second} is {c.person}. I need the {THIRD_HOP} of {c.person}. </think>\n"
-            f"<search> {queries(c)[2]} </search>",
-            True,
-        ),
-        (observations[2], False),
-        (f"<think> The {THIRD_HOP} is {c.town}. </think>\n<answer> {c.town} </answer>", True),
-    ]
+    for k in range(1, c.hops + 1):  # after hop k: entities[k] found
+        found = f"<think> The {c.relations[k - 1]} is {c.entities[k]}."
+        if k == c.hops:
+            return segments + [(f"{found} </think>\n<answer> {c.entities[k]} </answer>", True)]
+        need = f"{found} I need the {c.relations[k]} of {c.entities[k]}. </think>\n"
+        if k > 1:
+            segments += [(f"{need}<search> {asks[k]} </search>", True), (observations[k], False)]
+            continue
+        segments.append((need, True))
+        if kind == GUESS:
+            return segments + [(f"<answer> {c.entities[1]} </answer>", True)]
+        segments += [("<search>", kind == SEARCH), (f" {asks[1]} </search>", True), (observations[1], False)]
+    raise AssertionError("unreachable: the loop returns at the last hop")
 
 
 def chain_row(chain: Chain, index: int) -> dict:
     """One verl row (:data:`data_prep._common.SCHEMA`), scored by ``qa_em``."""
     return make_row(
-        data_source=DATA_SOURCES[chain.hops],
+        data_source=DATA_SOURCES.get(chain.hops, LONG_DATA_SOURCE),
         agent_name=AGENT_NAME,
         content=prompt_messages(chain.question)[0]["content"],
         ability="fact-reasoning",
@@ -190,12 +197,16 @@ def chain_row(chain: Chain, index: int) -> dict:
 
 
 class _Spec:
-    """:class:`~sorl_verl.quickstart.tasks._search_loop.SearchLoopSpec` of this task."""
+    """:class:`~sorl_verl.quickstart.tasks._search_loop.SearchLoopSpec` of a multi-hop task whose
+    questions have ``hops`` hops (drawn uniformly)."""
 
     demo_mix_field = "early_answer_fraction"
 
+    def __init__(self, hops: tuple[int, ...] = HOPS):
+        self.hops = tuple(hops)
+
     def generate(self, cfg, reserved_words):
-        return generate_chains(cfg.sizes, cfg.seed, reserved_words)
+        return generate_chains(cfg.sizes, cfg.seed, reserved_words, self.hops)
 
     documents = staticmethod(documents)
     row = staticmethod(chain_row)
@@ -208,7 +219,7 @@ class _Spec:
 
     @staticmethod
     def words(chains: list[Chain]) -> list[str]:
-        return sorted({w for c in chains for name in (c.country, c.city, c.person, c.town) for w in name.split()})
+        return sorted({w for c in chains for name in c.entities for w in name.split()})
 
     @staticmethod
     def describe(chains: list[Chain]) -> dict:
