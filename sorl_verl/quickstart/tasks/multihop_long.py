@@ -39,14 +39,7 @@ TASK = QuickstartTask(
     report=multihop.report,
     demo_mix=SPEC.demo_mix_field,
     options=SEARCH_LOOP_OPTIONS,
-    defaults={
-        "MAX_TURNS": "6",
-        "TOPK": "1",
-        "MAX_OBS_LENGTH": "64",
-        "MAX_TOKENS_PER_TURN": "48",
-        "MAX_PROMPT_LENGTH": "96",
-        "MAX_RESPONSE_LENGTH": "416",
-        "DEMO_MIX": "0.7",
-    },
+    # the multi-hop task's, with room for two more hops (a search and an observation each)
+    defaults={**multihop.TASK.defaults, "MAX_TURNS": "6", "MAX_RESPONSE_LENGTH": "416"},
     episode_turns=sum(hops + 1 for hops in HOPS) / len(HOPS),
 )
