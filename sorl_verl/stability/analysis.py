@@ -62,6 +62,8 @@ SEGMENT_TURNS = "rollout/segment_turns_mean"
 EPISODE_TURN_COUNTS = ("num_turns/mean", "training/num_turns/mean")  # verl's two names, same value
 RESPONSE_MASK_TURNS = METRIC_PREFIX + "turns_per_seq"
 TURN_POSITION_STD = "rollout/turn_position_std"
+# the batch's mean turn position; its step-to-step change is the sync pool's rhythm (phase_swing)
+TURN_POSITION_MEAN = "rollout/turn_position_mean"
 CORRECTION_SCALE = METRIC_PREFIX + "norm_scale"
 STEP_SECONDS = "timing_s/step"  # verl's step timer: rollout, updates, checkpoint; not validation or start-up
 # The segment figure's per-step panels, kept in each run's row so that a study spanning sittings draws
@@ -100,6 +102,7 @@ class RunResult:
     turns_per_row: float | None = None
     turn_position_std: float | None = None
     correction_scale: float | None = None
+    phase_swing: float | None = None
     # STEP_SERIES column -> (steps, values) where the run logged the metric
     step_series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
 
@@ -156,11 +159,20 @@ def _cumulative(values: dict[int, float | None], at: list[int]) -> list[float] |
     return [sums[step] for step in at]
 
 
+def mean_step_change(run: Run, metric: str) -> float | None:
+    """Mean of ``|value(s + 1) - value(s)|`` over the consecutive steps that logged ``metric``; None below
+    two. Of the batch's mean turn position: how far the batch's phase moves from one step to the next
+    (0 for a pool whose batches hold the same mix of turns every step)."""
+    steps, values = run.series(metric)
+    changes = [abs(b - a) for s, t, a, b in zip(steps, steps[1:], values, values[1:], strict=False) if t == s + 1]
+    return statistics.fmean(changes) if changes else None
+
+
 def segment_measures(run: Run, steps: list[int], rows_per_step: int | None, whole: bool) -> dict:
     """The segment study's measures of one run: ``curve_turns`` (trained model turns, = rows per step x
     turns per row, cumulated at each of ``steps``), ``curve_wall`` (seconds of verl's step timer,
     cumulated), ``turns_per_row``, ``turn_position_std`` and ``correction_scale`` (means over training
-    steps; None when not logged)."""
+    steps; None when not logged) and ``phase_swing`` (:func:`mean_step_change` of the mean turn position)."""
     training = {step: metrics for step, metrics in run.steps.items() if step >= 1}
     per_row = {step: turns_per_row(metrics, whole) for step, metrics in training.items()}
     turns = {step: None if v is None else v * rows_per_step for step, v in per_row.items()} if rows_per_step else {}
@@ -171,6 +183,7 @@ def segment_measures(run: Run, steps: list[int], rows_per_step: int | None, whol
         "turns_per_row": statistics.fmean(logged) if logged else None,
         "turn_position_std": _mean_of(run, TURN_POSITION_STD),
         "correction_scale": _mean_of(run, CORRECTION_SCALE),
+        "phase_swing": mean_step_change(run, TURN_POSITION_MEAN),
     }
 
 
@@ -310,6 +323,7 @@ RUNS_CSV_COLUMNS = (
     "curve",
     *SEGMENT_FIELDS,
     *(column for column, _ in STEP_SERIES),
+    "phase_swing",
 )
 
 
@@ -385,7 +399,7 @@ def archived_results(path: Path) -> list[RunResult]:
                 field_name = key
                 clip[column] = float(row[key]) if row.get(key) else None
             measured = {}
-            for field_name in ("turns_per_row", "turn_position_std", "correction_scale"):
+            for field_name in ("turns_per_row", "turn_position_std", "correction_scale", "phase_swing"):
                 measured[field_name] = float(row[field_name]) if row.get(field_name) else None
             for field_name in ("curve_turns", "curve_wall"):
                 measured[field_name] = _parse_measured_curve(row.get(field_name), steps)
@@ -663,5 +677,6 @@ def runs_csv(results: list[RunResult]) -> str:
                 " ".join(f"{s}:{v:.4g}" for s, v in zip(*r.step_series.get(c, ([], [])), strict=True))
                 for c, _ in STEP_SERIES
             ]  # fmt: skip
+            + [_num(r.phase_swing)]
         )
     return _csv(rows)

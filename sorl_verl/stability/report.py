@@ -14,6 +14,7 @@ from sorl_verl.fileio import write_text_atomic
 from sorl_verl.stability.analysis import (
     CORRECTION_SCALE,
     STEP_SERIES,
+    TURN_POSITION_MEAN,
     TURN_POSITION_STD,
     RunResult,
     Stat,
@@ -239,6 +240,7 @@ SEGMENT_COLUMNS = (
     ("Turns/row", lambda r: r.turns_per_row),
     ("Train min", lambda r: r.curve_wall[-1] / 60 if r.curve_wall else None),
     ("Turn-pos. std", lambda r: r.turn_position_std),
+    ("Phase swing", lambda r: r.phase_swing),
     ("Token clip", lambda r: r.clip.get("Token clip")),
     ("Correction scale", lambda r: r.correction_scale),
 )
@@ -273,6 +275,8 @@ def segments_markdown(results: list[RunResult]) -> str:
         "num_turns/mean / 2); Train min = verl's step timer summed (rollout, updates, "
         "checkpoints; no validation or start-up). Means over training steps: Turn-pos. std = "
         f"{TURN_POSITION_STD} (segment arms only: the trainer logs no turn positions for whole episodes), "
+        f"Phase swing = mean over consecutive steps of the change of the batch's mean turn position "
+        f"({TURN_POSITION_MEAN}): how far a sync pool's batches swing between phases (0: the same mix every step), "
         f"Token clip = actor/pg_clipfrac, Correction scale = {CORRECTION_SCALE} (SORL losses only). "
         "'-': not logged.",
         "",

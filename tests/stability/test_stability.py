@@ -747,6 +747,8 @@ def _segment_metrics(spec: RunSpec, step: int) -> dict:
         data = {
             "rollout/segment_turns_mean": float(spec.arm.turns),
             "rollout/turn_position_std": 0.5 if spec.arm.resets == "sync" else 1.0,
+            # a sync pool's batches swing between phases (0.5, 2.0, 0.5, ...); the staggered pool's do not
+            "rollout/turn_position_mean": (0.5 if step % 2 else 2.0) if spec.arm.resets == "sync" else 1.0,
             "num_turns/mean": 7.0,  # the whole trajectory so far: not what the segment trained
             "timing_s/step": 6.0 * spec.arm.turns,
         }
@@ -802,7 +804,9 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     # the segment's trained turns, not verl's count of the whole trajectory
     assert seg.arm == "T1-staggered" and seg.steps == [0, 4, 7] and seg.curve_turns == [0.0, 32.0, 56.0]
     assert seg.turns_per_row == 1.0 and seg.turn_position_std == 1.0 and seg.correction_scale == pytest.approx(0.8)
-    assert seg.curve_wall == [0.0, 24.0, 42.0]
+    assert seg.curve_wall == [0.0, 24.0, 42.0] and seg.phase_swing == 0.0
+    assert by_name["multihop__reuse_1x2__st_ppo_turn_gae__T1-sync__s2"].phase_swing == 1.5
+    assert whole.phase_swing is None
 
     table = (tmp_path / "segments.md").read_text()
     rows = {
@@ -813,7 +817,14 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     ]
     cells = rows[("ST-PPO (turn-GAE)", "T1-staggered")].split(" | ")
     assert cells[4:9] == ["2", "7", "0.185 ± 0.007", "0.185 ± 0.007", "56 ± 0"]  # seeds, steps, final, peak, turns
-    assert cells[9:] == ["1.00 ± 0.00", "0.7 ± 0.0", "1.000 ± 0.000", "0.100 ± 0.000", "0.800 ± 0.000 |"]
+    assert cells[9:] == [
+        "1.00 ± 0.00",
+        "0.7 ± 0.0",
+        "1.000 ± 0.000",
+        "0.000 ± 0.000",
+        "0.100 ± 0.000",
+        "0.800 ± 0.000 |",
+    ]
     whole_row = rows[("PPO (turn-GAE)", "whole")].split(" | ")
     assert whole_row[8:12] == ["48 ± 0", "3.00 ± 0.00", "0.3 ± 0.0", "-"] and whole_row[-1] == "- |"
     assert "max(1, L/T)" in table  # the budget rule is stated
@@ -825,7 +836,7 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     # the archive keeps the study: trailing columns, read back as written
     archive = tmp_path / "stability_runs.csv"
     header = archive.read_text().splitlines()[0].split(",")
-    assert header[-9:-3] == [
+    assert header[-10:-4] == [
         "arm",
         "turns_per_row",
         "turn_position_std",
@@ -833,7 +844,7 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
         "curve_turns",
         "curve_wall",
     ]
-    assert header[-3:] == ["steps_turn_position_std", "steps_token_clip", "steps_correction_scale"]
+    assert header[-4:] == ["steps_turn_position_std", "steps_token_clip", "steps_correction_scale", "phase_swing"]
     archived = {r.name: r for r in archived_results(archive)}
     again = archived[seg.name]
     # the per-step panels' series, every training step: kept so that the figure draws them from the archive
@@ -846,6 +857,7 @@ def test_segment_report_measures_trained_turns_and_writes_segments_md_and_png(tm
     assert set(by_name[whole.name].step_series) == {"steps_token_clip"}  # PPO on whole episodes: clip only
     assert (again.arm, again.curve_turns, again.curve_wall) == ("T1-staggered", [0.0, 32.0, 56.0], [0.0, 24.0, 42.0])
     assert (again.turns_per_row, again.turn_position_std, again.correction_scale) == (1.0, 1.0, pytest.approx(0.8))
+    assert {r.name: r.phase_swing for r in archived.values()} == {r.name: r.phase_swing for r in results}
     assert archived[whole.name].arm == "whole" and archived[whole.name].turn_position_std is None
 
     # a fresh folder with the archive only: the study's table and figure come back from it
