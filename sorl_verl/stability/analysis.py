@@ -191,7 +191,8 @@ def step_series(run: Run, token_clip: str | None) -> dict[str, tuple[list[int], 
     """The run's STEP_SERIES that it logged; ``token_clip``: the token clip metric's name."""
     series = {}
     for column, metric in STEP_SERIES:
-        steps, values = run.series(metric or token_clip) if (metric or token_clip) else ([], [])
+        name = metric or token_clip
+        steps, values = run.series(name) if name else ([], [])
         if steps:
             series[column] = (steps, values)
     return series
@@ -348,8 +349,9 @@ def _parse_measured_curve(text: str | None, steps: list[int]) -> list[float] | N
     return values
 
 
-def _format_curve(steps: list[int], values: list[float] | None, digits: int) -> str:
-    return "" if values is None else " ".join(f"{s}:{v:.{digits}f}" for s, v in zip(steps, values, strict=True))
+def _format_curve(steps: list[int], values: list[float] | None, spec: str) -> str:
+    """``step:value`` pairs, each value in the format ``spec`` (``".4f"``); "" when ``values`` is None."""
+    return "" if values is None else " ".join(f"{s}:{v:{spec}}" for s, v in zip(steps, values, strict=True))
 
 
 def arm_order(name: str) -> tuple:
@@ -654,7 +656,7 @@ def runs_csv(results: list[RunResult]) -> str:
     """One row per run: its figures of merit and its validation curve (``step:score`` pairs)."""
     rows = [list(RUNS_CSV_COLUMNS)]
     for r in results:
-        curve = " ".join(f"{s}:{v:.4f}" for s, v in zip(r.steps, r.scores, strict=True))
+        curve = _format_curve(r.steps, r.scores, ".4f")
         rows.append(
             [
                 r.task,
@@ -672,11 +674,8 @@ def runs_csv(results: list[RunResult]) -> str:
             + [_num(r.clip.get(k)) for k, _ in CLIP_COLUMNS]
             + [curve]
             + [r.arm, _num(r.turns_per_row), _num(r.turn_position_std), _num(r.correction_scale)]
-            + [_format_curve(r.steps, r.curve_turns, 1), _format_curve(r.steps, r.curve_wall, 1)]
-            + [
-                " ".join(f"{s}:{v:.4g}" for s, v in zip(*r.step_series.get(c, ([], [])), strict=True))
-                for c, _ in STEP_SERIES
-            ]  # fmt: skip
+            + [_format_curve(r.steps, r.curve_turns, ".1f"), _format_curve(r.steps, r.curve_wall, ".1f")]
+            + [_format_curve(*r.step_series.get(c, ([], [])), ".4g") for c, _ in STEP_SERIES]
             + [_num(r.phase_swing)]
         )
     return _csv(rows)

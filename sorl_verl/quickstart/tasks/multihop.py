@@ -71,13 +71,12 @@ class Chain:
 
     @property
     def question(self) -> str:
-        # "the founder of the capital of X", the outermost relation first
+        # "the founder of the capital of X": the hops before the last, the outermost relation first
         phrase = self.entities[0]
-        for relation in self.relations[: self.hops]:
+        for relation in self.relations[: self.hops - 1]:
             phrase = f"the {relation} of {phrase}"
-        if self.relations[self.hops - 1] == "birthplace":
-            return f"Where was {phrase.removeprefix('the birthplace of ')} born?"
-        return f"Who is {phrase}?"
+        last = self.relations[self.hops - 1]
+        return f"Where was {phrase} born?" if last == "birthplace" else f"Who is the {last} of {phrase}?"
 
     @property
     def answer(self) -> str:
